@@ -1,0 +1,132 @@
+"""The model card (README.md of a model dir): Hub metadata, then what a reader needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .config import ViTConfig
+
+# Hub dataset ids for the datasets we know by name.
+HUB_DATASETS = {"mnist": "ylecun/mnist", "cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100",
+                "fashionmnist": "zalando-datasets/fashion_mnist", "svhn": "ufldl-stanford/svhn"}
+
+
+def card_metadata(config: ViTConfig, metrics: dict[str, Any], model_name: str) -> ModelCardData:
+    settings = metrics.get("settings", {})
+    dataset = str(settings.get("data", "")).lower().replace("-", "").replace("_", "")
+    dataset_id = HUB_DATASETS.get(dataset)
+    final = metrics.get("final")
+    results = None
+    if final:
+        results = [EvalResult(
+            task_type="image-classification", dataset_type=dataset_id or "imagefolder",
+            dataset_name=dataset_id or "image folder", dataset_split=final["split"],
+            metric_type="accuracy", metric_value=round(final["accuracy"], 4),
+        )]
+    return ModelCardData(
+        library_name="vit_hub", pipeline_tag="image-classification", license="mit",
+        tags=["vit_hub", "vision-transformer", "image-classification", "pytorch", "onnx"],
+        datasets=[dataset_id] if dataset_id else None, model_name=model_name, eval_results=results,
+    )
+
+
+def _architecture_table(config: ViTConfig, parameters: int | None) -> str:
+    rows = [
+        ("input", f"{config.image_size[0]}x{config.image_size[1]}x{config.in_channels}"),
+        ("patch", f"{config.patch_size[0]}x{config.patch_size[1]} ({config.num_patches} patches + class token)"),
+        ("width / depth / heads", f"{config.embed_dim} / {config.depth} / {config.num_heads}"),
+        ("MLP ratio", f"{config.mlp_ratio:g}"),
+        ("positions / pooling", f"{config.pos_embedding} / {config.pooling}"),
+        ("patch embedding", config.patch_embedding + (" + locality attention" if config.locality_attention else "")),
+        ("regularisation", f"dropout {config.dropout:g}, drop path {config.drop_path:g}"),
+        ("normalisation", f"mean {config.mean}, std {config.std}"),
+        ("classes", f"{config.num_classes}: {', '.join(config.labels[:12])}{' ...' if config.num_classes > 12 else ''}"),
+    ]
+    if parameters:
+        rows.insert(0, ("parameters", f"{parameters / 1e6:.2f} M"))
+    return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
+
+
+def _metrics_section(metrics: dict[str, Any]) -> str:
+    lines = []
+    final = metrics.get("final")
+    if final:
+        lines.append(f"- **{final['split']} accuracy: {final['accuracy']:.4f}** "
+                     f"(loss {final['loss']:.4f}, {final['n']} images)")
+    if metrics.get("best_val_accuracy") is not None and metrics.get("history"):
+        lines.append(f"- best validation accuracy: {metrics['best_val_accuracy']:.4f} "
+                     f"after {len(metrics['history'])} of {metrics.get('epochs')} epochs")
+        last = metrics["history"][-1]
+        lines.append(f"- throughput: {last['images_per_second']:.0f} training images/s")
+    return "\n".join(lines) or "No metrics recorded."
+
+
+def render_model_card(model_dir: Path, repo_id: str | None = None) -> ModelCard:
+    model_dir = Path(model_dir)
+    config = ViTConfig.from_json(model_dir / "config.json")
+    metrics_path = model_dir / "metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    name = repo_id or model_dir.name
+    parameters = _count_parameters(model_dir)
+    command = metrics.get("settings", {}).get("command") or "(not recorded)"
+    reference = repo_id or str(model_dir)
+    image_size = f"{config.image_size[0]}x{config.image_size[1]}"
+    sections = [
+        "---", card_metadata(config, metrics, name).to_yaml(), "---", "",
+        f"# {name}", "",
+        f"A Vision Transformer image classifier trained from scratch with "
+        f"[vit_hub](https://github.com/vit-hub/vit_hub): {config.num_classes} classes, "
+        f"{image_size} {'grayscale' if config.in_channels == 1 else 'RGB'} input.", "",
+        "## Architecture", "", _architecture_table(config, parameters), "",
+        "## Training", "", "```bash", command, "```", "",
+        "## Metrics", "", _metrics_section(metrics), "",
+    ]
+    if (model_dir / "curves.png").is_file():
+        sections += ["![training curves](curves.png)", ""]
+    if (model_dir / "confusion_matrix.png").is_file():
+        sections += ["![confusion matrix](confusion_matrix.png)", ""]
+    sections += [
+        "## Usage", "",
+        "Python (PyTorch):", "", "```python",
+        "from vit_hub import VisionTransformer, predict_images",
+        f'model = VisionTransformer.from_pretrained("{reference}")',
+        'print(predict_images(model, ["image.png"], top_k=3))', "```", "",
+        "Command line:", "", "```bash", f"vit-hub predict --model {reference} image.png", "```", "",
+        "ONNX Runtime, no torch needed (`model.onnx` + `config.json`):", "", "```python",
+        "from export import OnnxClassifier",
+        'classifier = OnnxClassifier("model.onnx", "config.json")',
+        'print(classifier.predict("image.png", top_k=3))', "```", "",
+        "Gradio app with attention-rollout overlays:", "", "```bash",
+        f"python app.py --model {reference}", "```", "",
+        f"Preprocessing (in `config.json`): convert to {'L' if config.in_channels == 1 else 'RGB'}, "
+        f"resize to {image_size} (bilinear), scale to [0, 1], normalise with mean {config.mean} "
+        f"and std {config.std}.", "",
+    ]
+    return ModelCard("\n".join(sections))
+
+
+def _count_parameters(model_dir: Path) -> int | None:
+    weights = model_dir / "model.safetensors"
+    if not weights.is_file():
+        return None
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(weights), framework="numpy") as handle:
+        for key in handle.keys():
+            shape = handle.get_slice(key).get_shape()
+            count = 1
+            for size in shape:
+                count *= size
+            total += count
+    return total
+
+
+def write_model_card(model_dir: Path, repo_id: str | None = None) -> Path:
+    path = Path(model_dir) / "README.md"
+    render_model_card(model_dir, repo_id).save(path)
+    return path

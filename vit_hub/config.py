@@ -1,0 +1,241 @@
+"""ViTConfig: everything needed to rebuild a model and feed it the right pixels.
+
+This module imports neither torch nor files from the rest of the package, so the
+torch-free ONNX runtime and the app can read the same config the trainer wrote.
+Every field is JSON-native (ints, floats, strings, lists): `config.json` is just
+`ViTConfig.to_dict()`, and loading it back gives an equal config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+POS_EMBEDDINGS = ("learned", "sincos")
+POOLINGS = ("cls", "mean")
+PATCH_EMBEDDINGS = ("conv", "shifted")  # "shifted" = shifted patch tokenization (Lee et al. 2021)
+
+# Architecture presets. Any field given explicitly overrides the preset.
+PRESETS: dict[str, dict[str, Any]] = {
+    # 28x28 grayscale digits: 7x7 = 49 patches of 4x4 pixels, 0.3 M parameters.
+    "mnist": dict(
+        image_size=28, patch_size=4, in_channels=1, embed_dim=64, depth=6, num_heads=4,
+        mlp_ratio=4.0, mean=[0.1307], std=[0.3081], labels=[str(digit) for digit in range(10)],
+    ),
+    # Small-data preset for photo folders of a few hundred to a few thousand images:
+    # small patches, a narrow and shallow model, shifted patches and locality attention.
+    "small-data": dict(
+        image_size=64, patch_size=8, in_channels=3, embed_dim=128, depth=6, num_heads=4,
+        mlp_ratio=2.0, dropout=0.1, drop_path=0.1, patch_embedding="shifted",
+        locality_attention=True,
+    ),
+    # The ViT-Ti/16, ViT-S/16 and ViT-B/16 widths of the DeiT and ViT papers.
+    "tiny": dict(image_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    "small": dict(image_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "base": dict(image_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12),
+}
+
+
+def _pair(value: Any, name: str) -> list[int]:
+    """28 -> [28, 28]; (32, 48) -> [32, 48]. Always a JSON-native list of two ints."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: expected an int or [height, width], got {value!r}")
+    if isinstance(value, int):
+        value = [value, value]
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise ValueError(f"{name}: expected an int or [height, width] of ints, got {value!r}")
+    if min(value) < 1:
+        raise ValueError(f"{name}: expected positive sizes, got {list(value)}")
+    return [int(v) for v in value]
+
+
+def _floats(value: Any, name: str, length: int) -> list[float]:
+    if isinstance(value, (int, float)):
+        value = [value] * length
+    values = [float(v) for v in value]
+    if len(values) == 1 and length > 1:
+        values = values * length
+    if len(values) != length:
+        raise ValueError(f"{name}: expected {length} values (one per channel), got {len(values)}")
+    return values
+
+
+def _choice(value: str, name: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise ValueError(f"{name}: expected one of {', '.join(options)}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass
+class ViTConfig:
+    """Architecture and preprocessing of one Vision Transformer.
+
+    Args:
+        image_size: input height and width in pixels (an int means square).
+        patch_size: patch height and width; must divide image_size.
+        in_channels: 1 for grayscale, 3 for RGB. Images are converted to this.
+        num_classes: number of outputs; taken from `labels` when those are given.
+        embed_dim: token width D.
+        depth: number of transformer blocks.
+        num_heads: attention heads per block; must divide embed_dim.
+        mlp_ratio: hidden width of each MLP as a multiple of embed_dim.
+        qkv_bias: whether the query/key/value projection has a bias.
+        dropout: dropout after the embedding, inside the MLP and after attention.
+        attention_dropout: dropout on the attention weights.
+        drop_path: stochastic-depth rate of the last block (rates grow linearly from 0).
+        pos_embedding: "learned" or fixed 2-D "sincos".
+        pooling: "cls" (the class token) or "mean" (mean of patch tokens) feeds the head.
+        patch_embedding: "conv" (ViT) or "shifted" (shifted patch tokenization, for small data).
+        locality_attention: learnable temperature and no self-token attention (LSA, small data).
+        layer_norm_eps: epsilon of every LayerNorm.
+        mean, std: per-channel normalisation applied after scaling pixels to [0, 1].
+        labels: class names, index i is output i.
+    """
+
+    image_size: Any = 224
+    patch_size: Any = 16
+    in_channels: int = 3
+    num_classes: int | None = None
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    drop_path: float = 0.0
+    pos_embedding: str = "learned"
+    pooling: str = "cls"
+    patch_embedding: str = "conv"
+    locality_attention: bool = False
+    layer_norm_eps: float = 1e-6
+    mean: Any = None
+    std: Any = None
+    labels: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.image_size = _pair(self.image_size, "image_size")
+        self.patch_size = _pair(self.patch_size, "patch_size")
+        for name in ("in_channels", "embed_dim", "depth", "num_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if self.in_channels not in (1, 3):
+            raise ValueError(f"in_channels: expected 1 (grayscale) or 3 (RGB), got {self.in_channels}")
+        for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
+            if size % patch:
+                raise ValueError(
+                    f"image {axis} {size} is not divisible by patch {axis} {patch}"
+                )
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
+            )
+        self.pos_embedding = _choice(self.pos_embedding, "pos_embedding", POS_EMBEDDINGS)
+        self.pooling = _choice(self.pooling, "pooling", POOLINGS)
+        self.patch_embedding = _choice(self.patch_embedding, "patch_embedding", PATCH_EMBEDDINGS)
+        self._resolve_labels()
+        self.mean = _floats(0.5 if self.mean is None else self.mean, "mean", self.in_channels)
+        self.std = _floats(0.5 if self.std is None else self.std, "std", self.in_channels)
+        if min(self.std) <= 0:
+            raise ValueError(f"std: expected positive values, got {self.std}")
+        self.mlp_ratio = float(self.mlp_ratio)
+        for name in ("dropout", "attention_dropout", "drop_path"):
+            value = float(getattr(self, name))
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name}: expected a rate in [0, 1), got {value}")
+            setattr(self, name, value)
+
+    def _resolve_labels(self) -> None:
+        if self.labels is not None:
+            self.labels = [str(label) for label in self.labels]
+            if self.num_classes is not None and self.num_classes != len(self.labels):
+                raise ValueError(
+                    f"num_classes {self.num_classes} does not match the {len(self.labels)} labels given"
+                )
+            self.num_classes = len(self.labels)
+        if self.num_classes is None:
+            self.num_classes = 1000
+        if not isinstance(self.num_classes, int) or self.num_classes < 1:
+            raise ValueError(f"num_classes: expected a positive int, got {self.num_classes!r}")
+        if self.labels is None:
+            self.labels = [str(i) for i in range(self.num_classes)]
+
+    # Derived quantities --------------------------------------------------------------
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Patches along height and width."""
+        return (self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1])
+
+    @property
+    def num_patches(self) -> int:
+        return math.prod(self.grid_size)
+
+    @property
+    def num_tokens(self) -> int:
+        """Sequence length T: the class token plus one token per patch."""
+        return 1 + self.num_patches
+
+    # Serialisation ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "ViTConfig":
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown}; expected a subset of {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ViTConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"expected a vit_hub config.json at {path}, found nothing")
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
+        if not isinstance(values, dict) or "embed_dim" not in values or "patch_size" not in values:
+            raise ValueError(f"{path} is not a vit_hub config (expected keys like embed_dim and patch_size)")
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_preset(cls, preset: str | None = None, **overrides: Any) -> "ViTConfig":
+        """A preset's fields, then every override that is not None."""
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        values = dict(PRESETS[preset]) if preset else {}
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls.from_dict(values)
+
+
+def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[str, Any]:
+    """Architecture for a dataset nobody chose one for.
+
+    From-scratch ViTs need many images; with few, a wide ViT at 224 px sits at chance.
+    So: a resolution near the images' own (at most 64 px under 20k images), an 8x8
+    patch grid, and on small data a narrow model with shifted patches, locality
+    attention and stochastic depth (the small-data preset).
+    """
+    if median_side <= 40:
+        image_size = 32 if median_side > 28 else 28
+    elif num_train < 20_000:
+        image_size = 64
+    else:
+        image_size = 224 if median_side >= 160 else 96
+    patch_size = {28: 4, 32: 4, 64: 8, 96: 12, 224: 16}[image_size]
+    if num_train < 10_000:
+        values = dict(PRESETS["small-data"])
+    elif num_train < 100_000:
+        values = dict(embed_dim=192, depth=9, num_heads=3, mlp_ratio=2.0, drop_path=0.1)
+    else:
+        values = dict(PRESETS["tiny"], drop_path=0.1)
+    values.update(image_size=image_size, patch_size=patch_size, in_channels=channels)
+    return values

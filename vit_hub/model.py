@@ -1,0 +1,310 @@
+"""A Vision Transformer (Dosovitskiy et al., 2020), written to be read top to bottom.
+
+    image [B, C, H, W]
+      -> patch embedding                    [B, N, D]   N = (H/p) * (W/p) patches
+      -> prepend the class token, add positions  [B, T, D]   T = 1 + N
+      -> depth x Block (pre-norm attention + MLP, both residual)
+      -> final LayerNorm, pool (class token or mean of patches)  [B, D]
+      -> linear head                        [B, num_classes]
+
+Attention runs through the fused `F.scaled_dot_product_attention` kernel unless the caller
+asks for the attention weights (`output_attentions=True`); only then is the explicit
+softmax(q kᵀ) v path taken, so explanations never slow down ordinary inference.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import safetensors.torch
+from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from torch import nn
+
+from .config import ViTConfig
+
+
+class PatchEmbedding(nn.Module):
+    """Cuts the image into non-overlapping patches and projects each one to a D-dim token.
+
+    A convolution whose kernel and stride equal the patch size is exactly
+    "flatten every patch, then apply one shared Linear layer".
+
+    With `shifted=True` this is shifted patch tokenization (Lee et al., 2021, "Vision
+    Transformer for Small-Size Datasets"): the image is stacked with four copies shifted
+    diagonally by half a patch, so each token also sees its neighbours' pixels.
+    """
+
+    def __init__(self, in_channels: int, embed_dim: int, patch_size: list[int], shifted: bool):
+        super().__init__()
+        self.shifted = shifted
+        self.patch_size = tuple(patch_size)
+        channels = in_channels * 5 if shifted else in_channels
+        self.to_tokens = nn.Conv2d(channels, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.norm = nn.LayerNorm(embed_dim) if shifted else nn.Identity()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.shifted:
+            images = torch.cat([images, *self._diagonal_shifts(images)], dim=1)  # [B, 5C, H, W]
+        tokens = self.to_tokens(images)  # [B, D, H/p, W/p]
+        return self.norm(tokens.flatten(2).transpose(1, 2))  # [B, N, D]
+
+    def _diagonal_shifts(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The image moved half a patch towards each corner, zero-filled, same size."""
+        dy, dx = self.patch_size[0] // 2, self.patch_size[1] // 2
+        height, width = images.shape[-2:]
+        padded = F.pad(images, (dx, dx, dy, dy))  # [B, C, H + 2dy, W + 2dx]
+        return [
+            padded[..., top : top + height, left : left + width]
+            for top, left in ((0, 0), (0, 2 * dx), (2 * dy, 0), (2 * dy, 2 * dx))
+        ]
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused query/key/value projection.
+
+    With `locality=True` this is locality self-attention (Lee et al., 2021): the softmax
+    temperature is learned and each token may not attend to itself, which sharpens
+    attention on small datasets.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attention_dropout: float,
+                 dropout: float, locality: bool):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.attention_dropout = attention_dropout
+        self.locality = locality
+        self.to_qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(dropout))
+        if locality:  # learned log-temperature, starting at the usual 1/sqrt(head_dim)
+            self.log_scale = nn.Parameter(torch.tensor(-0.5 * math.log(self.head_dim)))
+
+    def forward(self, x: torch.Tensor, need_weights: bool = False):
+        batch, tokens, dim = x.shape
+        qkv = self.to_qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
+        if self.locality:
+            q, scale = q * self.log_scale.exp(), 1.0
+        else:
+            scale = self.head_dim**-0.5
+        # LSA: True = may attend. Every token except itself.
+        mask = ~torch.eye(tokens, dtype=torch.bool, device=x.device) if self.locality else None
+        dropout = self.attention_dropout if self.training else 0.0
+
+        if need_weights:
+            scores = (q @ k.transpose(-2, -1)) * scale  # [B, heads, T, T]
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.softmax(dim=-1)
+            out = F.dropout(weights, dropout, self.training) @ v  # [B, heads, T, head_dim]
+        else:
+            weights = None
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+
+        out = out.transpose(1, 2).reshape(batch, tokens, dim)  # heads back side by side
+        return self.to_out(out), weights
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: during training, skip the whole residual branch for a random
+    subset of samples (and rescale the rest), so the network trains as an ensemble of
+    shallower ones."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        mask = x.new_empty(x.shape[0], *([1] * (x.ndim - 1))).bernoulli_(keep)  # one draw per sample
+        return x * mask / keep
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + Attention(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, config: ViTConfig, drop_path: float):
+        super().__init__()
+        dim = config.embed_dim
+        hidden = int(dim * config.mlp_ratio)
+        self.attention_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.attention = Attention(dim, config.num_heads, config.qkv_bias, config.attention_dropout,
+                                   config.dropout, config.locality_attention)
+        self.mlp_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(config.dropout),
+            nn.Linear(hidden, dim), nn.Dropout(config.dropout),
+        )
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, need_weights: bool = False):
+        attended, weights = self.attention(self.attention_norm(x), need_weights)
+        x = x + self.drop_path(attended)
+        x = x + self.drop_path(self.mlp(self.mlp_norm(x)))
+        return x, weights
+
+
+def sincos_position_embedding(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
+    """Fixed 2-D sine-cosine positions [grid_h * grid_w, dim]: a quarter of the channels
+    each for sin(y), cos(y), sin(x), cos(x) at geometrically spaced frequencies."""
+    if dim % 4:
+        raise ValueError(f"sincos positions need embed_dim divisible by 4, got {dim}")
+    frequencies = 1.0 / (10000 ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4)))
+    ys, xs = torch.meshgrid(
+        torch.arange(grid_h, dtype=torch.float32), torch.arange(grid_w, dtype=torch.float32), indexing="ij"
+    )
+    y_angles = ys.reshape(-1, 1) * frequencies  # [N, dim/4]
+    x_angles = xs.reshape(-1, 1) * frequencies
+    return torch.cat([y_angles.sin(), y_angles.cos(), x_angles.sin(), x_angles.cos()], dim=1)
+
+
+class VisionTransformer(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="vit_hub",
+    pipeline_tag="image-classification",
+    tags=["vit_hub", "vision-transformer", "image-classification", "pytorch"],
+    repo_url="https://github.com/vit-hub/vit_hub",
+):
+    """Vision Transformer for image classification.
+
+    Takes the flat, JSON-native keyword arguments of `ViTConfig` (architecture plus
+    preprocessing and labels); `config.json` in a saved model dir holds exactly those.
+
+        model = VisionTransformer(**PRESETS["mnist"], labels=[str(d) for d in range(10)])
+        logits = model(pixel_values)                                 # [B, num_classes]
+        logits, attentions = model(pixel_values, output_attentions=True)
+        # attentions: [depth, B, heads, T, T], post-softmax, T = 1 + patches
+    """
+
+    def __init__(self, **kwargs: Any):
+        super().__init__()
+        self.config = config = ViTConfig.from_dict(kwargs)
+        # What save_pretrained writes to config.json: every field, defaults included.
+        self._hub_mixin_config = config.to_dict()
+        dim = config.embed_dim
+
+        self.patch_embedding = PatchEmbedding(
+            config.in_channels, dim, config.patch_size, shifted=config.patch_embedding == "shifted"
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        if config.pos_embedding == "learned":
+            self.pos_embedding = nn.Parameter(torch.zeros(1, config.num_patches, dim))
+        else:
+            self.register_buffer(
+                "pos_embedding", sincos_position_embedding(*config.grid_size, dim)[None], persistent=False
+            )
+        self.embedding_dropout = nn.Dropout(config.dropout)
+        # Stochastic depth grows linearly with depth: early blocks are almost never skipped.
+        drop_rates = torch.linspace(0, config.drop_path, config.depth).tolist()
+        self.blocks = nn.ModuleList(Block(config, rate) for rate in drop_rates)
+        self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.head = nn.Linear(dim, config.num_classes)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """As in the ViT paper and timm: truncated-normal(0.02) weights, zero biases, a zero
+        head (so training starts from uniform predictions) and a near-zero class token."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if isinstance(self.pos_embedding, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embedding, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    # Input checks ------------------------------------------------------------------
+    def check_input(self, pixel_values: torch.Tensor) -> None:
+        """Raise ValueError naming what was expected and what was found."""
+        config = self.config
+        if not isinstance(pixel_values, torch.Tensor):
+            raise TypeError(f"expected pixel_values as a torch.Tensor, got {type(pixel_values).__name__}")
+        if pixel_values.ndim != 4:
+            raise ValueError(
+                f"expected pixel_values of rank 4 [batch, {config.in_channels}, height, width], "
+                f"got rank {pixel_values.ndim} with shape {list(pixel_values.shape)}"
+            )
+        if not pixel_values.is_floating_point():
+            raise ValueError(f"expected floating-point pixel_values, got {pixel_values.dtype}")
+        channels, height, width = pixel_values.shape[1:]
+        if channels != config.in_channels:
+            raise ValueError(f"expected {config.in_channels} input channels, got {channels}")
+        patch_h, patch_w = config.patch_size
+        if height % patch_h or width % patch_w:
+            raise ValueError(
+                f"expected an image size divisible by the patch size {patch_h}x{patch_w}, "
+                f"got {height}x{width}"
+            )
+
+    def _positions(self, grid_h: int, grid_w: int) -> torch.Tensor:
+        """Position embeddings [1, N, D] for a grid; resized when the input size differs
+        from the size the model was built for."""
+        if (grid_h, grid_w) == tuple(self.config.grid_size):
+            return self.pos_embedding
+        if self.config.pos_embedding == "sincos":
+            return sincos_position_embedding(grid_h, grid_w, self.config.embed_dim)[None].to(self.cls_token)
+        trained_h, trained_w = self.config.grid_size
+        grid = self.pos_embedding.reshape(1, trained_h, trained_w, -1).permute(0, 3, 1, 2)  # [1, D, h, w]
+        grid = F.interpolate(grid, size=(grid_h, grid_w), mode="bicubic", align_corners=False)
+        return grid.flatten(2).transpose(1, 2)  # [1, N, D]
+
+    # Forward -----------------------------------------------------------------------
+    def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False):
+        """Logits [B, num_classes]; with output_attentions also the attention weights of
+        every block stacked as [depth, B, heads, T, T]."""
+        self.check_input(pixel_values)
+        grid_h = pixel_values.shape[-2] // self.config.patch_size[0]
+        grid_w = pixel_values.shape[-1] // self.config.patch_size[1]
+
+        patches = self.patch_embedding(pixel_values) + self._positions(grid_h, grid_w)  # [B, N, D]
+        cls = self.cls_token.expand(patches.shape[0], -1, -1)  # [B, 1, D]
+        x = self.embedding_dropout(torch.cat([cls, patches], dim=1))  # [B, T, D]
+
+        attentions = []
+        for block in self.blocks:
+            x, weights = block(x, need_weights=output_attentions)
+            attentions.append(weights)
+
+        x = self.norm(x)
+        pooled = x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(dim=1)  # [B, D]
+        logits = self.head(pooled)
+        if output_attentions:
+            return logits, torch.stack(attentions)  # [depth, B, heads, T, T]
+        return logits
+
+    # Loading -----------------------------------------------------------------------
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download,
+                         local_files_only, token, map_location: str = "cpu", strict: bool = True,
+                         **model_kwargs):
+        """Called by `from_pretrained` once config.json has been read. Unlike the mixin's
+        default, loading is strict (every weight present, none unexpected) and only
+        safetensors are read: no pickles."""
+        if not model_kwargs:
+            raise ValueError(f"{model_id} has no vit_hub config.json (expected one beside model.safetensors)")
+        model = cls(**model_kwargs)
+        if os.path.isdir(model_id):
+            weights = os.path.join(model_id, "model.safetensors")
+            if not os.path.isfile(weights):
+                raise FileNotFoundError(f"expected weights at {weights}, found nothing")
+        else:
+            weights = hf_hub_download(
+                repo_id=model_id, filename="model.safetensors", revision=revision, cache_dir=cache_dir,
+                force_download=force_download, token=token, local_files_only=local_files_only,
+            )
+        missing, unexpected = safetensors.torch.load_model(model, weights, strict=False, device=map_location)
+        if strict and (missing or unexpected):
+            raise ValueError(
+                f"weights in {weights} do not match the config: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
+        return model.eval()

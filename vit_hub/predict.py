@@ -1,0 +1,32 @@
+"""Classify image files, PIL images or arrays with a loaded model (torch backend)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .model import VisionTransformer
+from .preprocess import ImageInput, preprocess_batch
+
+
+def top_k(probabilities: np.ndarray, labels: list[str], k: int) -> list[list[tuple[str, float]]]:
+    """[B, classes] probabilities -> per image the k (label, probability) pairs, best first."""
+    if k < 1:
+        raise ValueError(f"top_k: expected a positive int, got {k}")
+    k = min(k, probabilities.shape[1])
+    order = np.argsort(-probabilities, axis=1)[:, :k]
+    return [[(labels[i], float(row[i])) for i in picks] for row, picks in zip(probabilities, order)]
+
+
+@torch.no_grad()
+def predict_images(model: VisionTransformer, images: list[ImageInput], top_k_count: int = 5,
+                   batch_size: int = 64) -> list[list[tuple[str, float]]]:
+    """Top-k predictions for each image, preprocessed exactly as the config says."""
+    model.eval()
+    device = next(model.parameters()).device
+    results = []
+    for start in range(0, len(images), batch_size):
+        pixels = torch.from_numpy(preprocess_batch(images[start:start + batch_size], model.config))
+        probabilities = model(pixels.to(device)).softmax(dim=-1).cpu().numpy()
+        results += top_k(probabilities, model.config.labels, top_k_count)
+    return results

@@ -1,0 +1,124 @@
+"""Image -> model input, from the config alone. Torch-free (PIL + NumPy).
+
+Evaluation, prediction, the ONNX runtime and the app all call `preprocess`, and the
+training transforms start with `to_model_mode` and end with the same resize and
+normalisation, so every path feeds the model identical pixels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from .config import ViTConfig
+
+ImageInput = Union[str, Path, Image.Image, np.ndarray]
+
+# Largest image we agree to decode (pixels): beyond this PIL's own bomb check would fire
+# with a less helpful message.
+MAX_PIXELS = 64_000_000
+
+
+def open_image(path: str | Path) -> Image.Image:
+    """Open and decode an image file; one clear error if it is not a readable image."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"expected an image file at {path}, found nothing")
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        raise ValueError(f"{path} is not a readable image ({error})") from None
+
+
+def _from_array(array: np.ndarray) -> Image.Image:
+    """HxW, HxWx1, HxWx3 or HxWx4 array (uint8, uint16 or float in [0, 1]) -> PIL image."""
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
+        raise ValueError(
+            f"expected an image array of shape HxW, HxWx3 or HxWx4, got shape {list(array.shape)}"
+        )
+    if array.dtype == np.uint16:
+        array = (array / 257.0).round().astype(np.uint8)
+    elif np.issubdtype(array.dtype, np.floating):
+        if array.size and (np.nanmin(array) < 0.0 or np.nanmax(array) > 1.0):
+            raise ValueError("expected a float image array with values in [0, 1]")
+        array = (np.nan_to_num(array) * 255.0).round().astype(np.uint8)
+    elif array.dtype == np.bool_:
+        array = array.astype(np.uint8) * 255
+    elif array.dtype != np.uint8:
+        raise ValueError(f"expected a uint8, uint16 or float image array, got dtype {array.dtype}")
+    return Image.fromarray(array)
+
+
+def load_image(source: ImageInput) -> Image.Image:
+    """Path, PIL image or NumPy array -> PIL image (checked for a sane size)."""
+    if isinstance(source, (str, Path)):
+        image = open_image(source)
+    elif isinstance(source, Image.Image):
+        image = source
+    elif isinstance(source, np.ndarray):
+        image = _from_array(source)
+    else:
+        raise TypeError(f"expected an image path, PIL image or NumPy array, got {type(source).__name__}")
+    width, height = image.size
+    if width < 2 or height < 2:
+        raise ValueError(f"expected an image at least 2x2 pixels, got {width}x{height}")
+    if width * height > MAX_PIXELS:
+        raise ValueError(f"expected an image of at most {MAX_PIXELS} pixels, got {width}x{height}")
+    return image
+
+
+def to_model_mode(image: Image.Image, channels: int) -> Image.Image:
+    """Any PIL mode -> "L" (channels=1) or "RGB" (channels=3).
+
+    16-bit and 32-bit grayscale are scaled to 8 bits by their full range, palette and
+    alpha images are composited over white, CMYK/YCbCr/LAB go through RGB.
+    """
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        image = Image.fromarray((np.asarray(image, dtype=np.float32) / 257.0).round().astype(np.uint8))
+    elif image.mode in ("I", "F"):
+        values = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if values.max() > 255 else 255.0
+        image = Image.fromarray((values.clip(0, top) * (255.0 / top)).round().astype(np.uint8))
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA"):
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, image.convert("RGBA"))
+    target = "L" if channels == 1 else "RGB"
+    return image if image.mode == target else image.convert(target)
+
+
+def resize(image: Image.Image, config: ViTConfig) -> Image.Image:
+    height, width = config.image_size
+    if image.size == (width, height):
+        return image
+    return image.resize((width, height), Image.Resampling.BILINEAR)
+
+
+def normalize(pixels: np.ndarray, config: ViTConfig) -> np.ndarray:
+    """uint8 HxW or HxWxC -> float32 [C, H, W], scaled to [0, 1] then (x - mean) / std."""
+    array = pixels.astype(np.float32) / 255.0
+    array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+    mean = np.asarray(config.mean, dtype=np.float32)[:, None, None]
+    std = np.asarray(config.std, dtype=np.float32)[:, None, None]
+    return (array - mean) / std
+
+
+def preprocess(source: ImageInput, config: ViTConfig) -> np.ndarray:
+    """One image -> float32 [C, H, W] ready for the model (add a batch axis yourself)."""
+    image = to_model_mode(load_image(source), config.in_channels)
+    return normalize(np.asarray(resize(image, config)), config)
+
+
+def preprocess_batch(sources: list[Any], config: ViTConfig) -> np.ndarray:
+    """Several images -> float32 [B, C, H, W]."""
+    if not sources:
+        raise ValueError("expected at least one image, got none")
+    return np.stack([preprocess(source, config) for source in sources])

@@ -1,0 +1,56 @@
+"""`vit-hub info`: a per-layer table of parameters and FLOPs for one image."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from .model import VisionTransformer
+
+
+def _parameters(module: torch.nn.Module) -> int:
+    return sum(parameter.numel() for parameter in module.parameters())
+
+
+def layer_rows(model: VisionTransformer) -> list[tuple[str, int, int]]:
+    """(layer, parameters, FLOPs at batch 1) for the embedding, every block's attention
+    and MLP, and the head. FLOPs count a multiply-add as 2 and include the attention
+    matmuls (measured on the explicit path, which does the same arithmetic as SDPA)."""
+    config = model.config
+    pixels = torch.zeros(1, config.in_channels, *config.image_size)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model.eval()(pixels, output_attentions=True)
+    flops = counter.get_flop_counts()
+
+    def total(name: str) -> int:
+        return int(sum(flops.get(f"VisionTransformer.{name}", {}).values()))
+
+    embedding_parameters = _parameters(model.patch_embedding) + model.cls_token.numel()
+    if isinstance(model.pos_embedding, torch.nn.Parameter):
+        embedding_parameters += model.pos_embedding.numel()
+    rows = [("patch_embedding + cls + positions", embedding_parameters, total("patch_embedding"))]
+    for index, block in enumerate(model.blocks):
+        rows.append((f"blocks.{index}.attention", _parameters(block.attention) + _parameters(block.attention_norm),
+                     total(f"blocks.{index}.attention")))
+        rows.append((f"blocks.{index}.mlp", _parameters(block.mlp) + _parameters(block.mlp_norm),
+                     total(f"blocks.{index}.mlp")))
+    rows.append(("norm + head", _parameters(model.norm) + _parameters(model.head), total("head")))
+    return rows
+
+
+def summarize(model: VisionTransformer) -> str:
+    config = model.config
+    rows = layer_rows(model)
+    width = max(len(name) for name, _, _ in rows) + 2
+    lines = [
+        f"VisionTransformer: {config.image_size[0]}x{config.image_size[1]}x{config.in_channels} input, "
+        f"patch {config.patch_size[0]}x{config.patch_size[1]}, {config.num_tokens} tokens, "
+        f"dim {config.embed_dim}, depth {config.depth}, heads {config.num_heads}, {config.num_classes} classes",
+        f"{'layer':<{width}}{'parameters':>12}{'MFLOPs':>12}",
+    ]
+    lines += [f"{name:<{width}}{parameters:>12,}{flops / 1e6:>12.2f}" for name, parameters, flops in rows]
+    total_parameters = _parameters(model)
+    total_flops = sum(flops for _, _, flops in rows)
+    lines.append(f"{'total':<{width}}{total_parameters:>12,}{total_flops / 1e6:>12.2f}")
+    return "\n".join(lines)

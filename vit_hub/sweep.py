@@ -1,0 +1,88 @@
+"""`vit-hub sweep`: one short training run per value of a hyperparameter, then a table and
+a plot of validation accuracy against the value (one parameter varied at a time)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from .plots import plt
+from .train import MODEL_FIELDS, TrainSettings, train
+
+TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_param(text: str) -> tuple[str, list[Any]]:
+    """'num_heads=2,4,8' -> ('num_heads', [2, 4, 8])."""
+    name, _, values = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if name not in MODEL_FIELDS + TRAINING_FIELDS or not values:
+        raise ValueError(
+            f"--param: expected NAME=V1,V2 with NAME one of {', '.join(MODEL_FIELDS + TRAINING_FIELDS)}, got {text!r}"
+        )
+    return name, [_number(value.strip()) for value in values.split(",") if value.strip()]
+
+
+def _with_value(settings: TrainSettings, name: str, value: Any, out: Path) -> TrainSettings:
+    if name in TRAINING_FIELDS:
+        return dataclasses.replace(settings, out=str(out), **{name: value})
+    return dataclasses.replace(settings, out=str(out), model={**settings.model, name: value})
+
+
+def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Path) -> str:
+    """Run every value, write `sweep.json`, `sweep.md` and `sweep.png` in `out`; return the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name, values in params:
+        for value in values:
+            run_dir = out / f"{name}={value}"
+            metrics = train(_with_value(settings, name, value, run_dir))
+            last = metrics["history"][-1]
+            results.setdefault(name, []).append({
+                "value": value, "best_val_accuracy": metrics["best_val_accuracy"],
+                "train_accuracy": last["train_accuracy"], "images_per_second": last["images_per_second"],
+                "parameters": _parameter_count(run_dir),
+            })
+    (out / "sweep.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = _table(results)
+    (out / "sweep.md").write_text(table + "\n")
+    _plot(results, out / "sweep.png")
+    return table
+
+
+def _parameter_count(run_dir: Path) -> int:
+    from .card import _count_parameters
+
+    return _count_parameters(run_dir) or 0
+
+
+def _table(results: dict[str, list[dict[str, Any]]]) -> str:
+    lines = ["| parameter | value | best val accuracy | train accuracy | params | img/s |", "|---|---|---|---|---|---|"]
+    for name, rows in results.items():
+        lines += [f"| {name} | {row['value']} | {row['best_val_accuracy']:.4f} | {row['train_accuracy']:.4f} | "
+                  f"{row['parameters']:,} | {row['images_per_second']:.0f} |" for row in rows]
+    return "\n".join(lines)
+
+
+def _plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    figure, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.5), squeeze=False)
+    for axis, (name, rows) in zip(axes[0], results.items()):
+        labels = [str(row["value"]) for row in rows]
+        axis.plot(labels, [row["best_val_accuracy"] for row in rows], "-o")
+        axis.set_xlabel(name)
+        axis.set_ylabel("best validation accuracy")
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

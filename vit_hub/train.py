@@ -1,0 +1,502 @@
+"""Training: from `--data` to a model dir in Hugging Face Hub layout.
+
+    settings -> data splits -> config (preset / chosen from the data / flags)
+      -> epochs of AdamW with warmup + cosine, label smoothing, gradient clipping
+      -> after every epoch: validation, metrics.json, a resumable checkpoint, and the
+         model dir refreshed whenever validation accuracy improves
+      -> at the end: the best weights evaluated on the test split, plots and model card
+
+One process or many: under `torchrun` the same code runs DistributedDataParallel
+(gloo on CPU, nccl on CUDA); `--batch-size` is the global batch either way, so the
+learning rate and results do not depend on the number of processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset, Subset
+from torch.utils.data.distributed import DistributedSampler
+from tqdm.auto import tqdm
+
+from . import data as vdata
+from .card import write_model_card
+from .config import PRESETS, ViTConfig, suggest_for_data
+from .model import VisionTransformer
+from .plots import plot_confusion_matrix, plot_curves
+
+CHECKPOINT = "checkpoint.safetensors"
+MODEL_FIELDS = (
+    "image_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout",
+    "attention_dropout", "drop_path", "pos_embedding", "pooling", "patch_embedding",
+    "locality_attention", "in_channels", "mean", "std",
+)
+
+
+@dataclasses.dataclass
+class TrainSettings:
+    """Everything a run depends on; saved in the checkpoint so `--resume` replays it."""
+
+    data: str
+    out: str
+    data_root: str | None = None
+    preset: str | None = None
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # overrides of MODEL_FIELDS
+    epochs: int | None = None  # None: chosen from the dataset size
+    batch_size: int = 128  # global, across all processes
+    lr: float | None = None  # None: 1e-3 x batch_size / 128
+    weight_decay: float = 0.05
+    warmup_epochs: float | None = None  # None: 5 % of the run
+    label_smoothing: float = 0.1
+    grad_clip: float = 1.0
+    augment: str = "auto"
+    val_split: float = 0.1
+    seed: int = 0
+    num_workers: int | None = None
+    strict: bool = False
+    compile: bool = False
+    device: str = "auto"
+    command: str = ""
+
+
+class TrainingError(ValueError):
+    """Settings that cannot work; the message says what was expected."""
+
+
+# Distributed set-up -------------------------------------------------------------------
+@dataclasses.dataclass
+class Runtime:
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def start_runtime(device: str) -> Runtime:
+    """Pick the device; join the process group when launched by torchrun."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainingError("--device cuda: expected a CUDA GPU, found none")
+    if device == "cuda":
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere and newer
+        torch.backends.cudnn.allow_tf32 = True
+    elif world_size > 1:
+        # Processes on one machine share its cores instead of each taking all of them.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    runtime = Runtime(torch.device(device), int(os.environ.get("RANK", "0")), world_size, local_rank)
+    if runtime.distributed and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if runtime.device.type == "cuda" else "gloo")
+    return runtime
+
+
+def _all_reduce(tensor: torch.Tensor, runtime: Runtime) -> torch.Tensor:
+    if runtime.distributed:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+# Model and optimiser -------------------------------------------------------------------
+def build_config(settings: TrainSettings, splits: vdata.DataSplits) -> ViTConfig:
+    """Preset (or one chosen from the data) < explicit flags; mean/std from the
+    training images unless given; labels from the data."""
+    if settings.preset:
+        if settings.preset not in PRESETS:
+            raise TrainingError(f"--preset: expected one of {', '.join(PRESETS)}, got {settings.preset!r}")
+        values = dict(PRESETS[settings.preset])
+    else:
+        stats = vdata.describe_images(splits.train, settings.seed)
+        values = suggest_for_data(stats.num_train, stats.channels, stats.median_side)
+    values.update({key: value for key, value in settings.model.items() if value is not None})
+    values["labels"] = splits.labels
+    if values.get("mean") is None or values.get("std") is None:
+        probe = ViTConfig.from_dict({**values, "mean": None, "std": None})
+        values["mean"], values["std"] = vdata.compute_mean_std(splits.train, probe, settings.seed)
+    return ViTConfig.from_dict(values)
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only: not on biases, norms, positions or the class token."""
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        skip = parameter.ndim <= 1 or name.endswith(("pos_embedding", "cls_token"))
+        (no_decay if skip else decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float) -> float:
+    """Linear warmup to `peak`, then cosine decay to 1 % of it."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return peak * (0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+def default_epochs(num_train: int) -> int:
+    """About 200k training samples seen in all, 10 to 200 epochs."""
+    return int(min(200, max(10, round(200_000 / num_train))))
+
+
+# Evaluation ------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, device: torch.device, num_classes: int,
+             runtime: Runtime | None = None, progress: bool = False) -> dict[str, Any]:
+    """Loss, accuracy and confusion matrix over a loader (summed over all processes)."""
+    model.eval()
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for images, labels in tqdm(loader, desc="eval", leave=False, disable=not progress):
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        logits = model(images).float()
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum").double()
+        confusion += torch.bincount(labels * num_classes + logits.argmax(1), minlength=num_classes**2).view(
+            num_classes, num_classes
+        )
+    if runtime is not None:
+        _all_reduce(confusion, runtime), _all_reduce(loss_sum, runtime)
+    count = int(confusion.sum())
+    return {
+        "accuracy": float(confusion.diagonal().sum()) / max(1, count),
+        "loss": float(loss_sum) / max(1, count),
+        "n": count,
+        "confusion": confusion.cpu().tolist(),  # rows: true class, columns: predicted
+    }
+
+
+# Checkpoints ------------------------------------------------------------------------------
+def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    state: dict[str, Any]) -> None:
+    """Model + optimizer tensors in safetensors, everything else as JSON metadata in the
+    same file. Written to a temporary name, then renamed: a crash never leaves half a file."""
+    tensors = {f"model/{name}": value.contiguous() for name, value in model.state_dict().items()}
+    optimizer_state = optimizer.state_dict()
+    for index, values in optimizer_state["state"].items():
+        for key, value in values.items():
+            tensors[f"optimizer/{index}/{key}"] = torch.as_tensor(value).contiguous()
+    groups = [{k: v for k, v in group.items() if k != "params"} | {"params": group["params"]}
+              for group in optimizer_state["param_groups"]]
+    metadata = {"state": json.dumps(state), "param_groups": json.dumps(groups)}
+    partial = path.with_name(path.name + ".partial")
+    save_file({k: v.cpu() for k, v in tensors.items()}, str(partial), metadata=metadata)
+    os.replace(partial, path)
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(str(path))
+    model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+    optimizer_state: dict[str, Any] = {"state": {}, "param_groups": json.loads(metadata["param_groups"])}
+    for key, value in tensors.items():
+        if key.startswith("optimizer/"):
+            _, index, name = key.split("/", 2)
+            optimizer_state["state"].setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict(optimizer_state)
+    return json.loads(metadata["state"])
+
+
+def read_checkpoint_state(out: Path) -> dict[str, Any]:
+    """The JSON part of a run's checkpoint (settings, config, epoch, history)."""
+    from safetensors import safe_open
+
+    path = out / CHECKPOINT
+    if not path.is_file():
+        raise TrainingError(f"--resume: expected a checkpoint at {path}, found none")
+    with safe_open(str(path), framework="pt") as handle:
+        return json.loads(handle.metadata()["state"])
+
+
+# The run ------------------------------------------------------------------------------------
+class Trainer:
+    def __init__(self, settings: TrainSettings, resume: bool = False):
+        self.out = Path(settings.out)
+        if resume:
+            state = read_checkpoint_state(self.out)
+            settings = TrainSettings(**state["settings"])
+        self.settings = settings
+        self.runtime = start_runtime(settings.device)
+        self.splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split,
+                                        settings.seed, settings.strict)
+        self.config = ViTConfig.from_dict(state["config"]) if resume else build_config(settings, self.splits)
+        self.epochs = settings.epochs or default_epochs(len(self.splits.train))
+        self._check_batch()
+        torch.manual_seed(settings.seed)
+        self.model = VisionTransformer(**self.config.to_dict()).to(self.runtime.device)
+        self.optimizer = torch.optim.AdamW(
+            parameter_groups(self.model, settings.weight_decay), lr=self.peak_lr, betas=(0.9, 0.999),
+            fused=self.runtime.device.type == "cuda",
+        )
+        self.history: list[dict[str, Any]] = []
+        self.best_accuracy = -1.0
+        self.start_epoch = 0
+        if resume:
+            state = load_checkpoint(self.out / CHECKPOINT, self.model, self.optimizer)
+            self.history, self.best_accuracy, self.start_epoch = (
+                state["history"], state["best_accuracy"], state["epoch"]
+            )
+        self._build_loaders()
+        self.network = self._wrap(self.model)
+        self.amp_dtype = self._amp_dtype()
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+
+    # set-up helpers
+    @property
+    def peak_lr(self) -> float:
+        return self.settings.lr if self.settings.lr is not None else 1e-3 * self.settings.batch_size / 128
+
+    def _check_batch(self) -> None:
+        batch, world = self.settings.batch_size, self.runtime.world_size
+        if batch < 1 or batch % world:
+            raise TrainingError(f"--batch-size: expected a positive multiple of the {world} processes, got {batch}")
+        if len(self.splits.train) < world:
+            raise TrainingError(f"expected at least {world} training images, found {len(self.splits.train)}")
+
+    def _build_loaders(self) -> None:
+        settings, runtime, config = self.settings, self.runtime, self.config
+        workers = vdata.default_workers() if settings.num_workers is None else settings.num_workers
+        pin = runtime.device.type == "cuda"
+        self.train_set = vdata.Transformed(self.splits.train, vdata.TrainTransform(config, settings.augment))
+        self.per_rank_batch = settings.batch_size // runtime.world_size
+        self.loader_options = dict(num_workers=workers, pin_memory=pin)
+        eval_transform = vdata.EvalTransform(config)
+        self.eval_sets = {
+            name: vdata.Transformed(self._shard(dataset), eval_transform)
+            for name in ("val", "test") if (dataset := getattr(self.splits, name)) is not None
+        }
+        self.steps_per_epoch = math.ceil(len(self.splits.train) / settings.batch_size)
+        if len(self.splits.train) >= settings.batch_size:
+            self.steps_per_epoch = len(self.splits.train) // settings.batch_size  # full batches only
+
+    def _shard(self, dataset: Dataset) -> Dataset:
+        """Every process evaluates a disjoint slice (no padding), results are summed."""
+        if not self.runtime.distributed:
+            return dataset
+        return Subset(dataset, range(self.runtime.rank, len(dataset), self.runtime.world_size))
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        network = model
+        if self.settings.compile:
+            network = torch.compile(network)
+        if self.runtime.distributed:
+            device_ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
+            network = DistributedDataParallel(network, device_ids=device_ids)
+        return network
+
+    def _amp_dtype(self) -> torch.dtype | None:
+        """bf16 autocast on GPUs that have it, fp16 (with a grad scaler) on older ones,
+        full fp32 on the CPU (bf16 matmuls are far slower than fp32 on CPUs without bf16 units)."""
+        if self.runtime.device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+    def _train_loader(self, epoch: int):
+        epoch_seed = self.settings.seed * 100_003 + epoch
+        sampler = None
+        if self.runtime.distributed:
+            sampler = DistributedSampler(self.train_set, shuffle=True, seed=self.settings.seed, drop_last=True)
+            sampler.set_epoch(epoch)  # a new shuffle every epoch, identical on every process
+        drop_last = len(self.train_set) >= self.settings.batch_size
+        return vdata.make_loader(self.train_set, self.per_rank_batch, shuffle=True, seed=epoch_seed,
+                                 sampler=sampler, drop_last=drop_last, **self.loader_options)
+
+    def _eval_loader(self, name: str):
+        return vdata.make_loader(self.eval_sets[name], max(256, self.per_rank_batch), shuffle=False,
+                                 seed=0, **self.loader_options)
+
+    # the loop
+    def run(self) -> dict[str, Any]:
+        if self.runtime.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._announce()
+            if self.start_epoch == 0:
+                self._checkpoint(0)  # resumable from the very start
+        try:
+            for epoch in range(self.start_epoch, self.epochs):
+                record = self._train_epoch(epoch)
+                record.update(self._validate())
+                self._end_epoch(epoch, record)
+        except KeyboardInterrupt:
+            if self.runtime.is_main:
+                print(f"\ninterrupted; continue with: vit-hub train --resume --out {self.out}", file=sys.stderr)
+            raise
+        return self._finish()
+
+    def _announce(self) -> None:
+        parameters = sum(p.numel() for p in self.model.parameters())
+        print(
+            f"data: {self.splits.source} | train {len(self.splits.train)} | "
+            f"val {len(self.splits.val) if self.splits.val is not None else 0} | "
+            f"test {len(self.splits.test) if self.splits.test is not None else 0} | {len(self.config.labels)} classes\n"
+            f"model: {parameters / 1e6:.2f} M parameters, {self.config.image_size[0]}x{self.config.image_size[1]}x"
+            f"{self.config.in_channels}, patch {self.config.patch_size[0]}x{self.config.patch_size[1]}, "
+            f"dim {self.config.embed_dim}, depth {self.config.depth}, heads {self.config.num_heads}\n"
+            f"training: {self.epochs} epochs, batch {self.settings.batch_size}, lr {self.peak_lr:g}, "
+            f"{self.runtime.world_size} process(es) on {self.runtime.device}"
+        )
+
+    def _train_epoch(self, epoch: int) -> dict[str, Any]:
+        settings, device = self.settings, self.runtime.device
+        torch.manual_seed(settings.seed * 100_003 + epoch)  # dropout etc.: replayable per epoch
+        total_steps = self.epochs * self.steps_per_epoch
+        warmup_epochs = settings.warmup_epochs if settings.warmup_epochs is not None else 0.05 * self.epochs
+        warmup_steps = max(1, round(warmup_epochs * self.steps_per_epoch))
+        self.network.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.int64, device=device)
+        seen = 0
+        started = time.perf_counter()
+        bar = tqdm(self._train_loader(epoch), desc=f"epoch {epoch + 1}/{self.epochs}",
+                   total=self.steps_per_epoch, disable=not self.runtime.is_main, leave=False,
+                   mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs: a line every 30 s
+        for step_in_epoch, (images, labels) in enumerate(bar):
+            step = epoch * self.steps_per_epoch + step_in_epoch
+            lr = learning_rate(step, total_steps, warmup_steps, self.peak_lr)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            logits, loss = self._step(images, labels)
+            loss_sum += loss.detach().double() * len(labels)
+            correct += (logits.argmax(1) == labels).sum()
+            seen += len(labels)
+            if step_in_epoch % 10 == 0:
+                elapsed = time.perf_counter() - started
+                bar.set_postfix(loss=f"{float(loss_sum) / seen:.4f}", acc=f"{int(correct) / seen:.4f}",
+                                img_s=f"{seen * self.runtime.world_size / elapsed:.0f}", lr=f"{lr:.2e}")
+        bar.close()
+        elapsed = time.perf_counter() - started
+        totals = _all_reduce(torch.stack([loss_sum, correct.double(), torch.tensor(seen, dtype=torch.float64,
+                                                                                      device=device)]), self.runtime)
+        return {
+            "epoch": epoch + 1,
+            "train_loss": float(totals[0] / totals[2]),
+            "train_accuracy": float(totals[1] / totals[2]),
+            "lr": lr,
+            "images_per_second": float(totals[2]) / elapsed,
+            "epoch_seconds": elapsed,
+        }
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor):
+        autocast = (torch.autocast(self.runtime.device.type, dtype=self.amp_dtype)
+                    if self.amp_dtype else contextlib.nullcontext())
+        with autocast:
+            logits = self.network(images)
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.settings.label_smoothing)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return logits, loss
+
+    def _validate(self) -> dict[str, Any]:
+        if "val" not in self.eval_sets:
+            return {}
+        result = evaluate(self.network, self._eval_loader("val"), self.runtime.device,
+                          self.config.num_classes, self.runtime)
+        return {"val_loss": result["loss"], "val_accuracy": result["accuracy"]}
+
+    def _end_epoch(self, epoch: int, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        accuracy = record.get("val_accuracy", record["train_accuracy"])
+        improved = accuracy > self.best_accuracy
+        if improved:
+            self.best_accuracy = accuracy
+        if self.runtime.is_main:
+            if improved:
+                self.model.save_pretrained(self.out)  # config.json + model.safetensors of the best epoch
+            self._checkpoint(epoch + 1)
+            self._write_metrics()
+            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
+            tqdm.write(json.dumps(shown) + ("  (best)" if improved else ""))
+
+    def _checkpoint(self, epochs_done: int) -> None:
+        state = {
+            "epoch": epochs_done, "history": self.history, "best_accuracy": self.best_accuracy,
+            "settings": dataclasses.asdict(self.settings), "config": self.config.to_dict(),
+        }
+        save_checkpoint(self.out / CHECKPOINT, self.model, self.optimizer, state)
+
+    def _metrics(self) -> dict[str, Any]:
+        return {
+            "history": self.history,
+            "best_val_accuracy": self.best_accuracy,
+            "epochs": self.epochs,
+            "settings": dataclasses.asdict(self.settings),
+        }
+
+    def _write_metrics(self, extra: dict[str, Any] | None = None) -> None:
+        (self.out / "metrics.json").write_text(json.dumps({**self._metrics(), **(extra or {})}, indent=2) + "\n")
+
+    def _finish(self) -> dict[str, Any]:
+        """Best weights back in, evaluated on test (or val); plots and card written."""
+        best = VisionTransformer.from_pretrained(str(self.out)).to(self.runtime.device) if self.runtime.is_main else None
+        if self.runtime.distributed:
+            dist.barrier()  # rank 0 has written the best weights; everyone loads them
+            best = VisionTransformer.from_pretrained(str(self.out)).to(self.runtime.device)
+        split = "test" if "test" in self.eval_sets else "val" if "val" in self.eval_sets else None
+        final: dict[str, Any] = {}
+        if split:
+            result = evaluate(best, self._eval_loader(split), self.runtime.device, self.config.num_classes,
+                              self.runtime)
+            final = {"final": {"split": split, "accuracy": result["accuracy"], "loss": result["loss"],
+                               "n": result["n"]}}
+        if self.runtime.is_main:
+            self._write_metrics(final)
+            plot_curves(self.history, self.out / "curves.png")
+            if split:
+                plot_confusion_matrix(result["confusion"], self.config.labels, self.out / "confusion_matrix.png",
+                                      title=f"{split} split, accuracy {result['accuracy']:.4f}")
+            write_model_card(self.out)
+            print(json.dumps({"out": str(self.out), **final.get("final", {}),
+                              "best_val_accuracy": self.best_accuracy}))
+        return {**self._metrics(), **final}
+
+
+def train(settings: TrainSettings, resume: bool = False) -> dict[str, Any]:
+    """Run training (or continue it with `resume`); returns the metrics written."""
+    trainer = Trainer(settings, resume=resume)
+    try:
+        return trainer.run()
+    finally:
+        if trainer.runtime.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def command_line() -> str:
+    """The command as the user typed it, for the model card."""
+    program = "vit-hub" if Path(sys.argv[0]).name in ("vit-hub", "__main__.py") else Path(sys.argv[0]).name
+    return " ".join([program, *map(shlex.quote, sys.argv[1:])])
