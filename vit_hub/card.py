@@ -1,7 +1,13 @@
-"""The model card (README.md of a model dir): Hub metadata, then what a reader needs."""
+"""The model card (README.md of a model dir): Hub metadata, then what a reader needs.
+
+Every card written here ends with a seal, an HTML comment holding the SHA-256 of the text
+above it. The comment is invisible on the Hub; it lets `vit_hub.hub.push_to_hub` tell a
+card vit_hub wrote (safe to regenerate) from one a person has since edited (kept).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -65,8 +71,14 @@ def _metrics_section(metrics: dict[str, Any]) -> str:
     return "\n".join(lines) or "No metrics recorded."
 
 
-def render_model_card(model_dir: Path, repo_id: str | None = None) -> ModelCard:
+def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | None = None) -> ModelCard:
+    """The card for `model_dir`; snippets load from `repo_id` when given, else from the folder.
+
+    `onnx` says whether model.onnx sits beside the weights (default: whether the folder has it).
+    """
     model_dir = Path(model_dir)
+    if onnx is None:
+        onnx = (model_dir / "model.onnx").is_file()
     config = ViTConfig.from_json(model_dir / "config.json")
     metrics_path = model_dir / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
@@ -96,10 +108,7 @@ def render_model_card(model_dir: Path, repo_id: str | None = None) -> ModelCard:
         f'model = VisionTransformer.from_pretrained("{reference}")',
         'print(predict_images(model, ["image.png"], top_k=3))', "```", "",
         "Command line:", "", "```bash", f"vit-hub predict --model {reference} image.png", "```", "",
-        "ONNX Runtime, no torch needed (`model.onnx` + `config.json`):", "", "```python",
-        "from export import OnnxClassifier",
-        'classifier = OnnxClassifier("model.onnx", "config.json")',
-        'print(classifier.predict("image.png", top_k=3))', "```", "",
+        *_onnx_usage(reference, repo_id, onnx),
         "Gradio app with attention-rollout overlays:", "", "```bash",
         f"python app.py --model {reference}", "```", "",
         f"Preprocessing (in `config.json`): convert to {'L' if config.in_channels == 1 else 'RGB'}, "
@@ -107,6 +116,24 @@ def render_model_card(model_dir: Path, repo_id: str | None = None) -> ModelCard:
         f"and std {config.std}.", "",
     ]
     return ModelCard("\n".join(sections))
+
+
+def _onnx_usage(reference: str, repo_id: str | None, onnx: bool) -> list[str]:
+    """ONNX Runtime snippet: files from the repo (or the folder), exported first if absent."""
+    onnx_path = "model.onnx" if repo_id else str(Path(reference) / "model.onnx")
+    lines = ["ONNX Runtime, no torch needed (`model.onnx` + `config.json`):", ""]
+    if not onnx:
+        lines += ["```bash", f"python -m export --model {reference} --out {onnx_path}", "```", ""]
+    lines.append("```python")
+    if repo_id:
+        lines += ["from huggingface_hub import hf_hub_download",
+                  f'config_path = hf_hub_download("{repo_id}", "config.json")',
+                  f'onnx_path = hf_hub_download("{repo_id}", "model.onnx")' if onnx else 'onnx_path = "model.onnx"']
+    else:
+        lines.append(f'onnx_path, config_path = "{onnx_path}", "{Path(reference) / "config.json"}"')
+    return lines + ["from export import OnnxClassifier",
+                    "classifier = OnnxClassifier(onnx_path, config_path)",
+                    'print(classifier.predict("image.png", top_k=3))', "```", ""]
 
 
 def _count_parameters(model_dir: Path) -> int | None:
@@ -126,7 +153,31 @@ def _count_parameters(model_dir: Path) -> int | None:
     return total
 
 
+def render_card_text(model_dir: Path, repo_id: str | None = None, onnx: bool | None = None) -> str:
+    """The card as README.md text, sealed."""
+    return seal_card(str(render_model_card(model_dir, repo_id, onnx)))
+
+
 def write_model_card(model_dir: Path, repo_id: str | None = None) -> Path:
     path = Path(model_dir) / "README.md"
-    render_model_card(model_dir, repo_id).save(path)
+    path.write_text(render_card_text(model_dir, repo_id), encoding="utf-8")
     return path
+
+
+SEAL_PREFIX = "<!-- vit_hub card sha256:"
+
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(body.replace("\r\n", "\n").encode("utf-8")).hexdigest()
+
+
+def seal_card(text: str) -> str:
+    """`text` followed by a hidden line holding its checksum."""
+    body = text.rstrip() + "\n\n"
+    return f"{body}{SEAL_PREFIX}{_digest(body)} -->\n"
+
+
+def is_generated_card(text: str) -> bool:
+    """True when `text` is a card vit_hub sealed and nobody has changed since."""
+    body, found, seal = text.rpartition(SEAL_PREFIX)
+    return bool(found) and seal.rstrip() == f"{_digest(body)} -->"

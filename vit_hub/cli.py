@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .config import PRESETS
+from .hub_cli import add_hub_commands, run_pull, run_push
 
 # Errors a user can cause; they are printed as one line, never as a traceback.
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError)
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--param", action="append", required=True, metavar="NAME=V1,V2,...",
                        help="model field or training setting to vary, e.g. num_heads=2,4,8")
     _add_training_flags(sweep)
+    add_hub_commands(commands)
     return parser
 
 
@@ -185,7 +187,8 @@ def run_sweep(args: argparse.Namespace) -> None:
     print(sweep(_settings(args), [parse_param(text) for text in args.param], Path(args.out)))
 
 
-COMMANDS = {"train": run_train, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep}
+COMMANDS = {"train": run_train, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,
+            "push": run_push, "pull": run_pull}
 
 
 def main(argv: list[str] | None = None) -> int:

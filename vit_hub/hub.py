@@ -1,18 +1,285 @@
-"""Model dirs and the Hugging Face Hub: load a model from a folder or a repo id."""
+"""Model dirs and the Hugging Face Hub: load from a folder or a repo id, pull, push.
+
+Hub calls go to `HF_ENDPOINT` (read at call time) with the token from the `token`
+argument, `HF_TOKEN` or the cached login (`hf auth login`); the token is only ever sent in
+request headers. With `HF_HUB_OFFLINE=1` repo ids are served from the local cache.
+Problems a user can fix surface as a one-line `HubError` (a `ValueError`).
+
+Edited cards are kept. Every card vit_hub writes is sealed with a checksum (see
+`vit_hub.card`). On push:
+  - README.md on the Hub missing, or still sealed (nobody edited it) -> replaced by ours;
+  - README.md on the Hub edited there (seal broken or absent) -> kept, and the push says
+    so; `overwrite_card=True` (`--overwrite-card`) replaces it anyway.
+"Ours" is a fresh card whose snippets name the repo id, unless the model dir's README.md
+is not an intact vit_hub card (edited or written by hand): then it goes up as written.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
+from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token, hf_hub_download, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HFValidationError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import validate_repo_id
+
+from .card import is_generated_card, render_card_text
+from .config import ViTConfig
 from .model import VisionTransformer
 
+# What a model dir holds and a push uploads. Checkpoints and other files stay local.
+MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png")
+ONNX_FILES = ("model.onnx", "model.onnx.data", "export_report.json")
+DEFAULT_BRANCH = "main"
+LOGIN_HINT = "--token, HF_TOKEN or `hf auth login`"
+# Which README.md a push committed.
+CARD_GENERATED = "generated for the repo"
+CARD_LOCAL = "the model dir's own, edited by hand"
+CARD_KEPT = "kept the one edited on the Hub"
 
-def load_model(reference: str | Path, revision: str | None = None, device: str = "cpu") -> VisionTransformer:
+
+class HubError(ValueError):
+    """A problem with a Hub repo, the token or the connection, said in one line."""
+
+
+@dataclasses.dataclass
+class PushResult:
+    repo_id: str
+    revision: str
+    commit_url: str
+    files: list[str]  # paths in this commit, README.md included unless the Hub's card was kept
+    card: str  # CARD_GENERATED, CARD_LOCAL or CARD_KEPT
+
+
+def hub_endpoint() -> str:
+    """The Hub's URL: `HF_ENDPOINT` now (huggingface_hub itself reads it once, at import)."""
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+# Loading ----------------------------------------------------------------------------------
+def load_model(reference: str | Path, revision: str | None = None, device: str = "cpu",
+               token: str | None = None) -> VisionTransformer:
     """A model dir (config.json + model.safetensors) or a Hub repo id -> model in eval mode."""
-    reference = str(reference)
-    if Path(reference).exists() and not Path(reference).is_dir():
-        raise ValueError(f"--model: expected a model folder or a Hub repo id, got the file {reference}")
-    if Path(reference).is_dir() and not (Path(reference) / "config.json").is_file():
-        raise FileNotFoundError(f"--model: expected config.json in {reference}, found none")
-    model = VisionTransformer.from_pretrained(reference, revision=revision, map_location=device)
+    model_dir = resolve_model_dir(reference, revision, token)
+    model = VisionTransformer.from_pretrained(model_dir, map_location=device)
     return model.to(device).eval()
+
+
+def resolve_model_dir(reference: str | Path, revision: str | None = None, token: str | None = None) -> Path:
+    """A model folder as it is; a repo id -> the cached snapshot holding its config and weights.
+
+    The config is fetched and checked first, so a repo that is not a vit_hub model fails
+    before its weights are downloaded.
+    """
+    path = Path(reference)
+    if path.is_dir():
+        check_model_dir(path, flag="--model")
+        return path
+    if path.exists():
+        raise ValueError(f"--model: expected a model folder or a Hub repo id, got the file {reference}")
+    repo_id = _repo_id_or_missing_folder(str(reference))
+    config_path = _download(repo_id, "config.json", revision, token)
+    check_config(config_path, repo_id)
+    _download(repo_id, "model.safetensors", revision, token)
+    return config_path.parent
+
+
+def pull(repo_id: str, out: str | Path, revision: str | None = None, token: str | None = None) -> Path:
+    """Download every file of a vit_hub model repo into `out`, a model dir."""
+    check_repo_id(repo_id)
+    check_config(_download(repo_id, "config.json", revision, token), repo_id)
+    with hub_errors(repo_id, revision):
+        snapshot_download(repo_id, revision=revision or DEFAULT_BRANCH, local_dir=out, token=token,
+                          endpoint=hub_endpoint())
+    out = Path(out)
+    if not (out / "model.safetensors").is_file():
+        raise HubError(f"{repo_id} is not a vit_hub model: it has no model.safetensors")
+    return out
+
+
+def check_model_dir(model_dir: Path, flag: str = "--model") -> None:
+    """A folder with a vit_hub config.json and model.safetensors, or a one-line error."""
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{flag}: expected config.json in {model_dir}, found none")
+    check_config(model_dir / "config.json", str(model_dir))
+    if not (model_dir / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{flag}: expected model.safetensors in {model_dir}, found none")
+
+
+def check_config(path: Path, source: str) -> None:
+    """config.json must describe a vit_hub model (not, say, a transformers one)."""
+    try:
+        ViTConfig.from_json(path)
+    except ValueError as error:  # not JSON, not our keys, or values out of range
+        raise HubError(f"{source} is not a vit_hub model: {error}") from error
+
+
+def check_repo_id(repo_id: str, flag: str = "repo id") -> None:
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise HubError(f"{flag}: expected OWNER/NAME, got {repo_id!r}") from None
+    if repo_id.count("/") != 1:
+        raise HubError(f"{flag}: expected OWNER/NAME, got {repo_id!r}")
+
+
+def _repo_id_or_missing_folder(reference: str) -> str:
+    """`reference` names no folder here: a repo id, or a folder that does not exist."""
+    looks_like_path = reference.startswith((".", "/", "~")) or reference.count("/") != 1 or "\\" in reference
+    if looks_like_path:
+        raise FileNotFoundError(f"--model: no model folder at {reference} (a Hub repo id looks like OWNER/NAME)")
+    check_repo_id(reference, flag="--model")
+    return reference
+
+
+def _download(repo_id: str, filename: str, revision: str | None, token: str | None) -> Path:
+    with hub_errors(repo_id, revision):
+        try:
+            return Path(hf_hub_download(repo_id, filename, revision=revision or DEFAULT_BRANCH, token=token,
+                                        endpoint=hub_endpoint()))
+        except RemoteEntryNotFoundError:
+            raise HubError(f"{repo_id} is not a vit_hub model: it has no {filename}") from None
+
+
+# Errors -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def hub_errors(repo_id: str, revision: str | None = None) -> Iterator[None]:
+    """Turn huggingface_hub's and the network's exceptions into one-line `HubError`s."""
+    endpoint = hub_endpoint()
+    try:
+        yield
+    except GatedRepoError as error:
+        raise HubError(f"{repo_id} is gated on {endpoint}: accept its terms there and use a token "
+                       f"({LOGIN_HINT})") from error
+    except RepositoryNotFoundError as error:
+        raise HubError(f"no model repo {repo_id} on {endpoint} (check the id; a private repo needs a token: "
+                       f"{LOGIN_HINT})") from error
+    except RevisionNotFoundError as error:
+        raise HubError(f"{repo_id} on {endpoint} has no revision {revision!r}") from error
+    except LocalEntryNotFoundError as error:
+        raise HubError(_not_cached_message(repo_id, revision, endpoint)) from error
+    except OfflineModeIsEnabled as error:
+        raise HubError(f"HF_HUB_OFFLINE is set, and this needs the Hub at {endpoint}: unset it to go online") from error
+    except HfHubHTTPError as error:
+        raise HubError(f"the Hub at {endpoint} refused the request for {repo_id}: {_status(error)}") from error
+    except httpx2.TransportError as error:
+        raise HubError(f"cannot reach the Hub at {endpoint} ({type(error).__name__}): check the network "
+                       f"and HF_ENDPOINT") from error
+    except HubError:
+        raise
+    except ValueError as error:  # huggingface_hub's own checks, e.g. README.md metadata the Hub rejects
+        lines = [line.strip(" -") for line in str(error).splitlines() if line.strip(" -")]
+        raise HubError(f"{repo_id}: {'; '.join(lines)}") from error
+
+
+def _not_cached_message(repo_id: str, revision: str | None, endpoint: str) -> str:
+    what = f"{repo_id}@{revision or DEFAULT_BRANCH}"
+    if constants.is_offline_mode():
+        return (f"HF_HUB_OFFLINE is set and {what} is not in the local cache ({constants.HF_HUB_CACHE}): "
+                f"load it once online, or unset HF_HUB_OFFLINE")
+    return f"cannot reach the Hub at {endpoint} and {what} is not in the local cache: check the network and HF_ENDPOINT"
+
+
+def _status(error: HfHubHTTPError) -> str:
+    """'401 Invalid credentials' from an HTTP error: its first line, never its headers."""
+    status = error.response.status_code if error.response is not None else "?"
+    detail = (error.server_message or str(error)).strip().splitlines()
+    hint = f" (check the token's write access: {LOGIN_HINT})" if status in (401, 403) else ""
+    return f"{status} {detail[0][:200] if detail else ''}".strip() + hint
+
+
+# Pushing ----------------------------------------------------------------------------------
+def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = None, with_onnx: bool = False,
+                revision: str | None = None, commit_message: str | None = None, token: str | None = None,
+                overwrite_card: bool = False) -> PushResult:
+    """Upload a model dir to `repo_id` in one commit; the repo (and branch) are created if needed.
+
+    Args:
+        model_dir: folder written by `vit-hub train`.
+        repo_id: "OWNER/NAME".
+        private: make the repo private when this push creates it (None: the Hub's default).
+        with_onnx: also upload model.onnx and its export report (exported first if absent).
+        revision: branch to commit to (default "main"); created from main if missing.
+        commit_message: summary of the commit (default names the folder).
+        token: Hub token; default HF_TOKEN, then the cached login.
+        overwrite_card: replace a README.md that was edited on the Hub (otherwise kept).
+    """
+    model_dir = Path(model_dir)
+    check_model_dir(model_dir, flag="push --model")
+    check_repo_id(repo_id, flag="--repo-id")
+    files = [name for name in MODEL_FILES if name != "README.md" and (model_dir / name).is_file()]
+    if with_onnx:
+        files += onnx_files(model_dir)
+    api = HfApi(endpoint=hub_endpoint(), token=_push_token(token), library_name="vit_hub")
+    branch = revision or DEFAULT_BRANCH
+    with hub_errors(repo_id, branch):
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        if branch != DEFAULT_BRANCH:
+            api.create_branch(repo_id, branch=branch, exist_ok=True)
+        card, card_source = _card_to_push(api, model_dir, repo_id, branch, with_onnx, overwrite_card)
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(model_dir / name)) for name in files]
+        if card is not None:
+            operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
+        commit = api.create_commit(repo_id, operations, revision=branch,
+                                   commit_message=commit_message or f"Upload vit_hub model from {model_dir.name}")
+    return PushResult(repo_id=repo_id, revision=branch, commit_url=commit.commit_url,
+                      files=[operation.path_in_repo for operation in operations], card=card_source)
+
+
+def _push_token(token: str | None) -> str:
+    token = token or get_token()
+    if not token:
+        raise HubError(f"push needs a Hugging Face token with write access: pass {LOGIN_HINT}")
+    return token
+
+
+def onnx_files(model_dir: Path) -> list[str]:
+    """The ONNX files beside the weights, exporting model.onnx first when it is missing."""
+    if not (model_dir / "model.onnx").is_file():
+        _export_onnx(model_dir)
+    return [name for name in ONNX_FILES if (model_dir / name).is_file()]
+
+
+def _export_onnx(model_dir: Path) -> None:
+    try:
+        from export import export_onnx
+    except ImportError:
+        raise HubError(f"--with-onnx: {model_dir} has no model.onnx and the export package is not installed; "
+                       f"run `python -m export --model {model_dir} --out {model_dir / 'model.onnx'}`") from None
+    export_onnx(model_dir, model_dir / "model.onnx")
+
+
+def _card_to_push(api: HfApi, model_dir: Path, repo_id: str, branch: str, onnx: bool,
+                  overwrite: bool) -> tuple[str | None, str]:
+    """(README.md text to commit or None, which card that is: CARD_GENERATED, CARD_LOCAL or CARD_KEPT)."""
+    remote = None if overwrite else _remote_card(api, repo_id, branch)
+    if remote is not None and not is_generated_card(remote):
+        return None, CARD_KEPT
+    local = model_dir / "README.md"
+    if local.is_file() and not is_generated_card(text := local.read_text(encoding="utf-8")):
+        return text, CARD_LOCAL
+    return render_card_text(model_dir, repo_id, onnx=onnx), CARD_GENERATED
+
+
+def _remote_card(api: HfApi, repo_id: str, branch: str) -> str | None:
+    """README.md on the Hub, or None when the repo has none. Downloaded outside the cache."""
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = api.hf_hub_download(repo_id, "README.md", revision=branch, local_dir=folder)
+        except RemoteEntryNotFoundError:
+            return None
+        return Path(path).read_text(encoding="utf-8")
