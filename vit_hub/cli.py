@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a model into a Hub-layout model dir")
     train.add_argument("--out", required=True, help="model dir to write")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    train.add_argument("--stop-after-epochs", type=int, metavar="N",
+                       help="pause after N epochs of this invocation, leaving a resumable checkpoint")
     _add_training_flags(train, data_required=False)  # --resume needs no --data
 
     evaluate = commands.add_parser("eval", help="evaluate a model; prints one JSON line")
@@ -134,11 +136,11 @@ def run_train(args: argparse.Namespace) -> None:
     from .train import TrainSettings, train
 
     if args.resume:  # the checkpoint's own settings are replayed
-        train(TrainSettings(data="", out=args.out), resume=True)
+        train(TrainSettings(data="", out=args.out), resume=True, stop_after_epochs=args.stop_after_epochs)
     elif args.data is None:
         raise ValueError("train: expected --data (an image folder, 'mnist' or a torchvision name), got none")
     else:
-        train(_settings(args))
+        train(_settings(args), stop_after_epochs=args.stop_after_epochs)
 
 
 def run_eval(args: argparse.Namespace) -> None:

@@ -138,9 +138,10 @@ def build_config(settings: TrainSettings, splits: vdata.DataSplits) -> ViTConfig
         values = suggest_for_data(stats.num_train, stats.channels, stats.median_side)
     values.update({key: value for key, value in settings.model.items() if value is not None})
     values["labels"] = splits.labels
-    if values.get("mean") is None or values.get("std") is None:
+    if values.get("mean") is None or values.get("std") is None:  # measure what was not given
         probe = ViTConfig.from_dict({**values, "mean": None, "std": None})
-        values["mean"], values["std"] = vdata.compute_mean_std(splits.train, probe, settings.seed)
+        measured = dict(zip(("mean", "std"), vdata.compute_mean_std(splits.train, probe, settings.seed)))
+        values.update({key: value for key, value in measured.items() if values.get(key) is None})
     return ViTConfig.from_dict(values)
 
 
@@ -239,6 +240,24 @@ def read_checkpoint_state(out: Path) -> dict[str, Any]:
         return json.loads(handle.metadata()["state"])
 
 
+def check_settings(settings: TrainSettings) -> None:
+    """Numbers that cannot train fail before any data is read, naming the flag."""
+    checks = [
+        ("--epochs", settings.epochs, settings.epochs is None or settings.epochs >= 1, "a positive int"),
+        ("--lr", settings.lr, settings.lr is None or settings.lr > 0, "a positive learning rate"),
+        ("--weight-decay", settings.weight_decay, settings.weight_decay >= 0, "a value >= 0"),
+        ("--warmup-epochs", settings.warmup_epochs, settings.warmup_epochs is None or settings.warmup_epochs >= 0,
+         "a value >= 0"),
+        ("--label-smoothing", settings.label_smoothing, 0 <= settings.label_smoothing < 1, "a value in [0, 1)"),
+        ("--grad-clip", settings.grad_clip, settings.grad_clip > 0, "a positive max gradient norm"),
+        ("--workers", settings.num_workers, settings.num_workers is None or settings.num_workers >= 0,
+         "a count >= 0"),
+    ]
+    for flag, value, ok, expected in checks:
+        if not ok:
+            raise TrainingError(f"{flag}: expected {expected}, got {value}")
+
+
 # The run ------------------------------------------------------------------------------------
 class Trainer:
     def __init__(self, settings: TrainSettings, resume: bool = False):
@@ -246,12 +265,13 @@ class Trainer:
         if resume:
             state = read_checkpoint_state(self.out)
             settings = TrainSettings(**state["settings"])
+        check_settings(settings)
         self.settings = settings
         self.runtime = start_runtime(settings.device)
         self.splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split,
                                         settings.seed, settings.strict)
         self.config = ViTConfig.from_dict(state["config"]) if resume else build_config(settings, self.splits)
-        self.epochs = settings.epochs or default_epochs(len(self.splits.train))
+        self.epochs = settings.epochs if settings.epochs is not None else default_epochs(len(self.splits.train))
         self._check_batch()
         torch.manual_seed(settings.seed)
         self.model = VisionTransformer(**self.config.to_dict()).to(self.runtime.device)
@@ -337,14 +357,16 @@ class Trainer:
                                  seed=0, **self.loader_options)
 
     # the loop
-    def run(self) -> dict[str, Any]:
+    def run(self, stop_after_epochs: int | None = None) -> dict[str, Any]:
+        """Train to the end, or pause after `stop_after_epochs` more epochs (resumable)."""
         if self.runtime.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self._announce()
             if self.start_epoch == 0:
                 self._checkpoint(0)  # resumable from the very start
+        last = self.epochs if stop_after_epochs is None else min(self.epochs, self.start_epoch + stop_after_epochs)
         try:
-            for epoch in range(self.start_epoch, self.epochs):
+            for epoch in range(self.start_epoch, last):
                 record = self._train_epoch(epoch)
                 record.update(self._validate())
                 self._end_epoch(epoch, record)
@@ -352,6 +374,11 @@ class Trainer:
             if self.runtime.is_main:
                 print(f"\ninterrupted; continue with: vit-hub train --resume --out {self.out}", file=sys.stderr)
             raise
+        if last < self.epochs:
+            if self.runtime.is_main:
+                print(f"paused after epoch {last} of {self.epochs}; continue with: "
+                      f"vit-hub train --resume --out {self.out}")
+            return self._metrics()
         return self._finish()
 
     def _announce(self) -> None:
@@ -486,11 +513,12 @@ class Trainer:
         return {**self._metrics(), **final}
 
 
-def train(settings: TrainSettings, resume: bool = False) -> dict[str, Any]:
-    """Run training (or continue it with `resume`); returns the metrics written."""
+def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int | None = None) -> dict[str, Any]:
+    """Run training (or continue it with `resume`); returns the metrics written.
+    `stop_after_epochs` pauses the run early with a resumable checkpoint (time-boxed jobs)."""
     trainer = Trainer(settings, resume=resume)
     try:
-        return trainer.run()
+        return trainer.run(stop_after_epochs)
     finally:
         if trainer.runtime.distributed and dist.is_initialized():
             dist.destroy_process_group()

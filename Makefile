@@ -1,0 +1,35 @@
+# The two set-up commands of the README. Each one installs what it needs into .venv.
+#   make app   - launch the Gradio app on the bundled MNIST model (http://127.0.0.1:7860)
+#   make test  - run the whole test suite (installs Debian chromium for the browser test)
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: app test install install-dev browser
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+# Debian's chromium drives the browser test (never `playwright install`: it downloads a browser).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+app: install
+	$(BIN)/python app.py
+
+test: install-dev browser
+	$(BIN)/python -m pytest -q
