@@ -452,7 +452,8 @@ class Trainer:
     def _validate(self) -> dict[str, Any]:
         if "val" not in self.eval_sets:
             return {}
-        result = evaluate(self.network, self._eval_loader("val"), self.runtime.device,
+        # The bare model, not the DDP wrapper: shards may differ in batch count by one.
+        result = evaluate(self.model, self._eval_loader("val"), self.runtime.device,
                           self.config.num_classes, self.runtime)
         return {"val_loss": result["loss"], "val_accuracy": result["accuracy"]}
 
@@ -490,10 +491,9 @@ class Trainer:
 
     def _finish(self) -> dict[str, Any]:
         """Best weights back in, evaluated on test (or val); plots and card written."""
-        best = VisionTransformer.from_pretrained(str(self.out)).to(self.runtime.device) if self.runtime.is_main else None
         if self.runtime.distributed:
             dist.barrier()  # rank 0 has written the best weights; everyone loads them
-            best = VisionTransformer.from_pretrained(str(self.out)).to(self.runtime.device)
+        best = VisionTransformer.from_pretrained(str(self.out)).to(self.runtime.device)
         split = "test" if "test" in self.eval_sets else "val" if "val" in self.eval_sets else None
         final: dict[str, Any] = {}
         if split:
