@@ -128,7 +128,8 @@ def _settings(args: argparse.Namespace):
         batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
         warmup_epochs=args.warmup_epochs, label_smoothing=args.label_smoothing, grad_clip=args.grad_clip,
         augment=args.augment, val_split=args.val_split, seed=args.seed, num_workers=args.workers,
-        strict=args.strict, compile=args.compile, device=args.device, command=command_line(),
+        strict=args.strict, compile=args.compile, device=args.device,
+        command=command_line(getattr(args, "argv", None)),
     )
 
 
@@ -195,6 +196,7 @@ COMMANDS = {"train": run_train, "eval": run_eval, "predict": run_predict, "info"
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv  # recorded in the model card; None: sys.argv
     try:
         COMMANDS[args.command](args)
     except KeyboardInterrupt:

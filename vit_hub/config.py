@@ -145,6 +145,8 @@ class ViTConfig:
         if min(self.std) <= 0:
             raise ValueError(f"std: expected positive values, got {self.std}")
         self.mlp_ratio = float(self.mlp_ratio)
+        if not int(self.embed_dim * self.mlp_ratio) >= 1:
+            raise ValueError(f"mlp_ratio: expected a positive ratio (hidden width >= 1), got {self.mlp_ratio}")
         for name in ("dropout", "attention_dropout", "drop_path"):
             value = float(getattr(self, name))
             if not 0.0 <= value < 1.0:

@@ -17,6 +17,7 @@ import dataclasses
 import gzip
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -155,12 +156,21 @@ class _ImageChecker:
             return False
 
 
+def _load_as_is(path: str) -> Image.Image:
+    """Decode an image in its own mode. (ImageFolder's default loader converts to RGB, which
+    saturates 16-bit images, drops alpha without compositing and hides grayscale folders.)"""
+    with Image.open(path) as image:
+        image.load()
+        return image
+
+
 class _Folder(datasets.ImageFolder):
-    """ImageFolder whose class list can be fixed, so test/ maps names like train/ does."""
+    """ImageFolder whose class list can be fixed, so test/ maps names like train/ does.
+    Images keep their mode; the transforms convert them exactly as `preprocess` does."""
 
     def __init__(self, root: Path, checker: _ImageChecker, classes: list[str] | None = None):
         self._fixed_classes = classes
-        super().__init__(str(root), is_valid_file=checker, allow_empty=True)
+        super().__init__(str(root), loader=_load_as_is, is_valid_file=checker, allow_empty=True)
 
     def find_classes(self, directory: str):
         found = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir() and not entry.name.startswith("."))
@@ -189,9 +199,11 @@ def _image_folder(root: Path, strict: bool) -> DataSplits:
         if (root / "test").is_dir():
             test = _checked_folder(root / "test", checker, train.classes)
     if checker.unreadable:
-        print(f"skipped {len(checker.unreadable)} unreadable image(s) (use --strict to fail instead):")
+        # On stderr: stdout carries results (eval's JSON line) that scripts parse.
+        print(f"skipped {len(checker.unreadable)} unreadable image(s) (use --strict to fail instead):",
+              file=sys.stderr)
         for path in checker.unreadable:
-            print(f"  {path}")
+            print(f"  {path}", file=sys.stderr)
     return DataSplits(train, val, test, list(train.classes), str(root), checker.unreadable)
 
 

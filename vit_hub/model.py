@@ -301,10 +301,19 @@ class VisionTransformer(
                 repo_id=model_id, filename="model.safetensors", revision=revision, cache_dir=cache_dir,
                 force_download=force_download, token=token, local_files_only=local_files_only,
             )
-        missing, unexpected = safetensors.torch.load_model(model, weights, strict=False, device=map_location)
+        try:
+            missing, unexpected = safetensors.torch.load_model(model, weights, strict=False, device=map_location)
+        except RuntimeError as error:  # a weight whose shape differs from the config's
+            raise ValueError(f"weights in {weights} do not match the config: {_first_line(error)}") from None
         if strict and (missing or unexpected):
             raise ValueError(
                 f"weights in {weights} do not match the config: missing {sorted(missing)}, "
                 f"unexpected {sorted(unexpected)}"
             )
         return model.eval()
+
+
+def _first_line(error: Exception) -> str:
+    """torch's load errors span many lines; the first mismatch is enough for one line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return next((line for line in lines if "size mismatch" in line), lines[0] if lines else repr(error))

@@ -524,7 +524,9 @@ def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int 
             dist.destroy_process_group()
 
 
-def command_line() -> str:
-    """The command as the user typed it, for the model card."""
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as the user typed it, for the model card (`argv`: as given to `cli.main`)."""
+    if argv is not None:
+        return " ".join(["vit-hub", *map(shlex.quote, argv)])
     program = "vit-hub" if Path(sys.argv[0]).name in ("vit-hub", "__main__.py") else Path(sys.argv[0]).name
     return " ".join([program, *map(shlex.quote, sys.argv[1:])])

@@ -1,0 +1,126 @@
+"""Shared fixtures: generated image folders and tiny model configs. Offline and deterministic.
+
+Nothing here is autouse: every fixture is opt-in by name, so other test files are unaffected.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+# Two classes a tiny model tells apart at a glance: a bright warm disc on a light
+# background against a dark cool square on a dark background. Colour, brightness and
+# shape all differ, so the classes stay apart even after conversion to grayscale.
+CLASSES = {
+    "bright_disc": dict(background=(235, 225, 200), shape="disc", colour=(250, 120, 40)),
+    "dark_square": dict(background=(25, 35, 60), shape="square", colour=(40, 90, 200)),
+}
+
+# (PIL mode, file extension): every image mode the data pipeline must convert, in turn.
+FORMATS = [
+    ("RGB", "png"), ("RGB", "jpg"), ("L", "png"), ("L", "jpg"),
+    ("RGBA", "png"), ("P", "png"), ("I;16", "png"), ("CMYK", "jpg"),
+]
+
+
+def draw_example(class_name: str, size: tuple[int, int], rng: np.random.Generator) -> Image.Image:
+    """One RGB image of `class_name`, `size` = (width, height), with random placement and noise."""
+    style = CLASSES[class_name]
+    width, height = size
+    image = Image.new("RGB", size, style["background"])
+    draw = ImageDraw.Draw(image)
+    side = int(min(width, height) * rng.uniform(0.45, 0.75))
+    left = int(rng.integers(0, width - side + 1))
+    top = int(rng.integers(0, height - side + 1))
+    box = (left, top, left + side - 1, top + side - 1)
+    if style["shape"] == "disc":
+        draw.ellipse(box, fill=style["colour"])
+    else:
+        draw.rectangle(box, fill=style["colour"])
+    noise = rng.normal(0, 8, size=(height, width, 3))
+    pixels = np.clip(np.asarray(image, dtype=np.float64) + noise, 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels)
+
+
+def in_mode(image: Image.Image, mode: str) -> Image.Image:
+    """An RGB image converted to `mode`, including the 16-bit grayscale mode I;16."""
+    if mode == "I;16":
+        gray = np.asarray(image.convert("L"), dtype=np.uint16) * 257  # full 16-bit range
+        return Image.fromarray(gray)
+    if mode == "RGBA":
+        rgba = image.convert("RGBA")
+        rgba.putalpha(230)
+        return rgba
+    if mode == "P":
+        return image.convert("P", palette=Image.Palette.ADAPTIVE, colors=32)
+    return image.convert(mode)
+
+
+def write_class_folders(root: Path, per_class: int, seed: int, start: int = 0) -> list[Path]:
+    """`root/<class>/<n>.<ext>` for every class: mixed sizes, modes and PNG/JPEG. Returns the files."""
+    rng = np.random.default_rng(seed)
+    written = []
+    for class_name in CLASSES:
+        folder = root / class_name
+        folder.mkdir(parents=True, exist_ok=True)
+        for index in range(start, start + per_class):
+            mode, extension = FORMATS[index % len(FORMATS)]
+            size = (int(rng.integers(18, 56)), int(rng.integers(18, 56)))  # non-square, never 16x16
+            path = folder / f"{index:03d}_{mode.replace(';', '')}.{extension}"
+            in_mode(draw_example(class_name, size, rng), mode).save(path)
+            written.append(path)
+    return written
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory) -> Path:
+    """One folder of class subfolders (split by --val-split): 2 x 24 images of mixed sizes,
+    modes and formats, plus ONE corrupt file, `bright_disc/corrupt.png`."""
+    root = tmp_path_factory.mktemp("image_folder")
+    write_class_folders(root, per_class=24, seed=0)
+    (root / "bright_disc" / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not really a PNG")
+    (root / "dark_square" / "notes.txt").write_text("not an image; ImageFolder ignores it\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def corrupt_file(image_folder) -> Path:
+    return image_folder / "bright_disc" / "corrupt.png"
+
+
+@pytest.fixture(scope="session")
+def split_image_folder(tmp_path_factory) -> Path:
+    """`train/` and `test/` subfolders, no corrupt files: 2 x 16 training and 2 x 8 test images."""
+    root = tmp_path_factory.mktemp("split_image_folder")
+    write_class_folders(root / "train", per_class=16, seed=1)
+    write_class_folders(root / "test", per_class=8, seed=2, start=100)
+    return root
+
+
+def tiny_config(**overrides) -> dict:
+    """Keyword arguments of a model small enough to train in a second (16x16 RGB, dim 16)."""
+    values = dict(image_size=16, patch_size=4, in_channels=3, embed_dim=16, depth=2, num_heads=2,
+                  mlp_ratio=2.0, labels=["bright_disc", "dark_square"])
+    values.update(overrides)
+    return values
+
+
+@pytest.fixture
+def tiny_kwargs() -> dict:
+    return tiny_config()
+
+
+# Command-line flags of a tiny, fast training run (a sweep or train on the generated folders).
+TINY_TRAIN_FLAGS = [
+    "--image-size", "16", "--patch-size", "4", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
+    "--mlp-ratio", "2", "--batch-size", "8", "--lr", "3e-3", "--augment", "none", "--workers", "0",
+    "--device", "cpu", "--seed", "0",
+]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,389 @@
+"""Data sources, splits, statistics and the pixels every path feeds the model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLASSES, in_mode, tiny_config, write_class_folders
+from PIL import Image
+
+from vit_hub import data as vdata
+from vit_hub.config import ViTConfig
+from vit_hub.data import (
+    DataError, EvalTransform, TrainTransform, compute_mean_std, describe_images, load_splits, make_loader,
+    resolve_augment, stratified_split, targets_of,
+)
+from vit_hub.preprocess import preprocess, preprocess_batch
+
+LABELS = sorted(CLASSES)
+
+
+def identity_config(channels: int = 3, **overrides) -> ViTConfig:
+    """A config whose normalisation is the identity on [0, 1] pixels (mean 0, std 1)."""
+    return ViTConfig(**tiny_config(in_channels=channels, mean=0.0, std=1.0, **overrides))
+
+
+def image_files(root):
+    return sorted(path for path in root.rglob("*") if path.suffix in (".png", ".jpg") and path.name != "corrupt.png")
+
+
+# Image folders ------------------------------------------------------------------------------
+def test_folder_is_split_by_class_and_the_corrupt_file_reported(image_folder, corrupt_file, capsys):
+    splits = load_splits(str(image_folder), val_split=0.25, seed=0)
+    assert splits.labels == LABELS
+    assert splits.skipped == [str(corrupt_file)]
+    reported = capsys.readouterr().err
+    assert "skipped 1 unreadable image(s)" in reported and str(corrupt_file) in reported
+    assert splits.test is None
+    # 24 readable images per class; a quarter of each class held out
+    assert np.bincount(targets_of(splits.val)).tolist() == [6, 6]
+    assert np.bincount(targets_of(splits.train)).tolist() == [18, 18]
+    assert not set(splits.train.indices) & set(splits.val.indices)
+    image, label = splits.train[0]
+    assert isinstance(image, Image.Image) and label in (0, 1)
+
+
+def test_strict_fails_on_the_corrupt_file_naming_it(image_folder, corrupt_file):
+    with pytest.raises(DataError, match=f"unreadable image {corrupt_file}"):
+        load_splits(str(image_folder), strict=True)
+
+
+def test_split_depends_only_on_the_seed(image_folder):
+    first = load_splits(str(image_folder), val_split=0.25, seed=3)
+    again = load_splits(str(image_folder), val_split=0.25, seed=3)
+    other = load_splits(str(image_folder), val_split=0.25, seed=4)
+    assert first.val.indices == again.val.indices
+    assert first.val.indices != other.val.indices
+
+
+def test_train_and_test_subfolders_are_used_and_val_carved_from_train(split_image_folder):
+    splits = load_splits(str(split_image_folder), val_split=0.25, seed=0)
+    assert splits.labels == LABELS and splits.skipped == []
+    assert np.bincount(targets_of(splits.test)).tolist() == [8, 8]
+    assert np.bincount(targets_of(splits.val)).tolist() == [4, 4]
+    assert len(splits.train) == 24
+    assert splits.split("test") is splits.test
+
+
+def test_without_val_split_the_test_split_selects(split_image_folder):
+    splits = load_splits(str(split_image_folder), val_split=0.0)
+    assert splits.val is splits.test and len(splits.train) == 32
+
+
+def test_val_folder_is_used_as_given(tmp_path):
+    write_class_folders(tmp_path / "train", per_class=4, seed=0)
+    write_class_folders(tmp_path / "val", per_class=2, seed=1)
+    splits = load_splits(str(tmp_path), val_split=0.5)
+    assert len(splits.train) == 8 and len(splits.val) == 4 and splits.test is None
+    with pytest.raises(DataError, match=r"split 'test' is not available .* expected one of \['train', 'val'\]"):
+        splits.split("test")
+
+
+def test_test_folder_with_a_class_train_lacks_is_an_error(tmp_path):
+    write_class_folders(tmp_path / "train", per_class=2, seed=0)
+    write_class_folders(tmp_path / "test", per_class=1, seed=1)
+    (tmp_path / "test" / "zebra").mkdir()
+    with pytest.raises(DataError, match=r"has classes \['zebra'\] that the training folder does not have"):
+        load_splits(str(tmp_path))
+
+
+def one_class(root):
+    write_class_folders(root, per_class=2, seed=0)
+    for path in (root / "dark_square").iterdir():
+        path.unlink()
+    (root / "dark_square").rmdir()
+
+
+def no_images(root):
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    (root / "a" / "readme.txt").write_text("no images here")
+
+
+def one_empty_class(root):
+    write_class_folders(root, per_class=2, seed=0)
+    (root / "zebra").mkdir()
+
+
+def only_corrupt_images(root):
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        (root / name / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda root: None, r"expected a folder of images, 'mnist', or a torchvision dataset name .* \(no such folder\)"),
+    (lambda root: root.mkdir(), r"expected class subfolders in .* \(ImageFolder layout"),
+    (lambda root: (root.mkdir(), (root / "x.png").write_bytes(b"")), "expected class subfolders in"),
+    (one_class, r"expected at least 2 classes in .*, found 1: \['bright_disc'\]"),
+    (no_images, "found no readable images in"),
+    (one_empty_class, r"class folders \['zebra'\] in .* have no readable images"),
+    (only_corrupt_images, "found no readable images in"),
+], ids=["missing", "empty", "no-class-folders", "one-class", "no-images", "empty-class", "all-corrupt"])
+def test_unusable_folders_give_one_clear_error(tmp_path, make, message):
+    root = tmp_path / "data"
+    make(root)
+    with pytest.raises(DataError, match=message) as raised:
+        load_splits(str(root))
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name, dataset_class", [("cifar10", "CIFAR10"), ("svhn", "SVHN"), ("Fashion-MNIST", "FashionMNIST")])
+def test_torchvision_dataset_missing_under_data_root(tmp_path, name, dataset_class):
+    with pytest.raises(DataError, match=f"expected torchvision's {dataset_class} files under --data-root {tmp_path}"
+                                        r" \(this tool never downloads\)"):
+        load_splits(name, data_root=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []  # nothing was downloaded
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
+def test_val_split_must_be_a_fraction(image_folder, fraction):
+    with pytest.raises(DataError, match=r"--val-split: expected a fraction in \[0, 1\)"):
+        load_splits(str(image_folder), val_split=fraction)
+
+
+def test_bundled_mnist_loads_offline():
+    splits = load_splits("mnist", val_split=0.1, seed=0)
+    assert splits.labels == [str(digit) for digit in range(10)]
+    assert len(splits.train) + len(splits.val) == 60_000 and len(splits.test) == 10_000
+    assert abs(len(splits.val) - 6_000) <= 5  # a tenth of each digit, rounded per digit
+    image, label = splits.test[0]
+    assert image.size == (28, 28) and image.mode == "L" and label == 7
+    shares = np.bincount(targets_of(splits.val)) / np.bincount(targets_of(splits.train) )
+    assert np.allclose(shares, 1 / 9, atol=0.002)  # stratified: a tenth of every digit
+
+
+# Splitting and statistics ----------------------------------------------------------------------
+class Labels(torch.utils.data.Dataset):
+    def __init__(self, targets):
+        self.targets = list(targets)
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        return index, self.targets[index]
+
+
+def test_stratified_split_keeps_every_class_on_both_sides():
+    dataset = Labels([0] * 50 + [1] * 10 + [2] * 2 + [3])
+    train, held = stratified_split(dataset, 0.2, seed=0)
+    assert np.bincount(targets_of(held), minlength=4).tolist() == [10, 2, 1, 0]  # the singleton stays in train
+    assert sorted(train.indices + held.indices) == list(range(len(dataset)))
+
+
+def test_stratified_split_of_singletons_is_an_error():
+    with pytest.raises(DataError, match="leaves no validation images out of 3"):
+        stratified_split(Labels([0, 1, 2]), 0.5, seed=0)
+
+
+class Images(torch.utils.data.Dataset):
+    def __init__(self, images):
+        self.images = images
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, index):
+        return self.images[index], 0
+
+
+def test_mean_and_std_are_measured_as_the_model_sees_the_pixels():
+    black, white = Image.new("L", (40, 20), 0), Image.new("L", (8, 8), 255)
+    mean, std = compute_mean_std(Images([black, white]), identity_config(channels=1))
+    assert (mean, std) == ([0.5], [0.5])
+    red = Image.new("RGB", (10, 30), (255, 0, 51))
+    mean, std = compute_mean_std(Images([red, red]), identity_config())
+    assert mean == [1.0, 0.0, 0.2]
+    assert min(std) > 0  # a constant channel still gives a usable std
+
+
+def test_describe_images_reports_channels_and_typical_size(image_folder):
+    stats = describe_images(load_splits(str(image_folder)).train)
+    assert stats.channels == 3 and 18 <= stats.median_side <= 55 and stats.num_train == 44
+    gray = describe_images(Images([Image.new("L", (30, 40)), Image.new("I;16", (50, 60))]))
+    assert (gray.channels, gray.median_side, gray.num_train) == (1, 40, 2)
+
+
+# Pixels: preprocessing, transforms and their parity -------------------------------------------------
+@pytest.mark.parametrize("channels", [1, 3])
+def test_training_and_evaluation_datasets_see_the_same_pixels_as_preprocess(split_image_folder, channels):
+    """What the trainer feeds (unaugmented) and evaluates equals what inference computes from the file."""
+    config = ViTConfig(**tiny_config(in_channels=channels, image_size=[16, 24], mean=0.4, std=0.2))
+    splits = load_splits(str(split_image_folder), val_split=0.0)
+    pairs = [(vdata.Transformed(splits.train, TrainTransform(config, augment="none")), splits.train),
+             (vdata.Transformed(splits.test, EvalTransform(config)), splits.test)]
+    for dataset, folder in pairs:
+        for index, (path, label) in enumerate(folder.samples):
+            pixels, loaded_label = dataset[index]
+            assert loaded_label == label and pixels.shape == (channels, 16, 24) and pixels.dtype == torch.float32
+            assert torch.equal(pixels, torch.from_numpy(preprocess(path, config))), path
+
+
+def test_folder_images_keep_their_own_mode(split_image_folder):
+    splits = load_splits(str(split_image_folder), val_split=0.0)
+    modes = {splits.train[index][0].mode for index in range(len(splits.train))}
+    assert modes == {"RGB", "L", "RGBA", "P", "I;16", "CMYK"}  # converted later, like at inference
+
+
+def test_grayscale_folder_is_recognised_as_one_channel(tmp_path):
+    for name, value in (("dark", 30), ("light", 220)):
+        (tmp_path / name).mkdir()
+        for index, mode in enumerate(("L", "I;16", "L")):
+            image = in_mode(Image.new("RGB", (30 + index, 28), (value,) * 3), mode)
+            image.save(tmp_path / name / f"{index}.png")
+    stats = describe_images(load_splits(str(tmp_path), val_split=0.0).train)
+    assert (stats.channels, stats.median_side, stats.num_train) == (1, 28, 6)
+
+
+def solid(mode, value, size=(6, 4)):
+    return Image.new(mode, size, value)
+
+
+def palette_image(transparent: bool) -> Image.Image:
+    image = Image.new("P", (6, 4), 1)
+    image.putpalette([0, 0, 0, 10, 200, 30] + [0] * 762)
+    if transparent:
+        image.info["transparency"] = 1
+    return image
+
+
+MODE_CASES = [
+    # image, expected RGB pixel, expected L pixel
+    (solid("L", 100), (100, 100, 100), 100),
+    (solid("RGB", (255, 0, 0)), (255, 0, 0), 76),  # L = 0.299 R + 0.587 G + 0.114 B
+    (solid("RGBA", (0, 0, 255, 255)), (0, 0, 255), 29),
+    (solid("RGBA", (0, 0, 255, 0)), (255, 255, 255), 255),  # transparent: composited over white
+    (solid("LA", (40, 0)), (255, 255, 255), 255),
+    (palette_image(transparent=False), (10, 200, 30), 124),
+    (palette_image(transparent=True), (255, 255, 255), 255),
+    (in_mode(solid("L", 128).convert("RGB"), "I;16"), (128, 128, 128), 128),  # 16 bit: 128 * 257 -> 128
+    (solid("I", 65535), (255, 255, 255), 255),
+    (solid("CMYK", (0, 0, 0, 0)), (255, 255, 255), 255),
+    (solid("CMYK", (0, 255, 255, 0)), (255, 0, 0), 76),
+    (solid("1", 1), (255, 255, 255), 255),
+]
+
+
+@pytest.mark.parametrize("image, rgb, gray", MODE_CASES, ids=lambda value: getattr(value, "mode", None))
+def test_every_mode_converts_to_the_model_channels(image, rgb, gray):
+    color = preprocess(image, identity_config(channels=3))
+    assert color.shape == (3, 16, 16)
+    np.testing.assert_allclose(color[:, 0, 0] * 255, rgb, atol=0.01)
+    assert np.ptp(color, axis=(1, 2)).max() == 0  # a solid image stays solid after resizing
+    grayscale = preprocess(image, identity_config(channels=1))
+    assert grayscale.shape == (1, 16, 16)
+    np.testing.assert_allclose(grayscale[0, 0, 0] * 255, gray, atol=0.01)
+
+
+def test_16_bit_png_files_use_their_full_range(tmp_path):
+    values = np.array([[0, 257 * 64], [257 * 192, 65535]], dtype=np.uint16).repeat(8, 0).repeat(8, 1)
+    Image.fromarray(values).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode == "I;16"
+    pixels = preprocess(tmp_path / "deep.png", identity_config(channels=1)) * 255
+    np.testing.assert_allclose(pixels[0, [0, 0, 15, 15], [0, 15, 0, 15]], [0, 64, 192, 255], atol=0.01)
+
+
+def test_normalisation_uses_the_config_mean_and_std():
+    config = ViTConfig(**tiny_config(mean=[0.2, 0.4, 0.6], std=[0.5, 0.25, 0.1]))
+    pixels = preprocess(solid("RGB", (255, 102, 153)), config)
+    np.testing.assert_allclose(pixels[:, 3, 3], [(1 - 0.2) / 0.5, (0.4 - 0.4) / 0.25, (0.6 - 0.6) / 0.1], atol=1e-5)
+
+
+def test_non_square_resize_keeps_height_and_width_apart():
+    config = identity_config(channels=1, image_size=[16, 24])
+    left_half_white = np.zeros((16, 24), dtype=np.uint8)
+    left_half_white[:, :12] = 255
+    pixels = preprocess(left_half_white, config)  # already the model size: no resizing
+    assert pixels.shape == (1, 16, 24)
+    assert (pixels[0, :, :12] == 1).all() and (pixels[0, :, 12:] == 0).all()
+
+
+@pytest.mark.parametrize("array, expected", [
+    (np.full((4, 4), 51, dtype=np.uint8), 0.2),
+    (np.full((4, 4, 1), 51, dtype=np.uint8), 0.2),
+    (np.full((4, 4), 257 * 51, dtype=np.uint16), 0.2),
+    (np.full((4, 4), 0.2, dtype=np.float32), 0.2),
+    (np.ones((4, 4), dtype=bool), 1.0),
+])
+def test_arrays_are_accepted_in_common_dtypes(array, expected):
+    pixels = preprocess(array, identity_config(channels=1))
+    np.testing.assert_allclose(pixels, expected, atol=1 / 255)
+
+
+@pytest.mark.parametrize("source, error, message", [
+    (np.zeros((4, 4, 2), dtype=np.uint8), ValueError, r"shape HxW, HxWx3 or HxWx4, got shape \[4, 4, 2\]"),
+    (np.full((4, 4), 2.0), ValueError, r"float image array with values in \[0, 1\]"),
+    (np.zeros((4, 4), dtype=np.int32), ValueError, "uint8, uint16 or float image array, got dtype int32"),
+    (Image.new("RGB", (1, 5)), ValueError, "at least 2x2 pixels, got 1x5"),
+    (42, TypeError, "expected an image path, PIL image or NumPy array, got int"),
+], ids=["channels", "float-range", "int32", "tiny", "int"])
+def test_bad_images_give_one_clear_error(source, error, message):
+    with pytest.raises(error, match=message):
+        preprocess(source, identity_config())
+
+
+def test_unreadable_and_missing_files_are_named(corrupt_file, tmp_path):
+    with pytest.raises(ValueError, match=f"{corrupt_file} is not a readable image"):
+        preprocess(corrupt_file, identity_config())
+    with pytest.raises(FileNotFoundError, match=f"expected an image file at {tmp_path / 'nope.png'}"):
+        preprocess(tmp_path / "nope.png", identity_config())
+
+
+def test_preprocess_batch_stacks_and_rejects_nothing():
+    batch = preprocess_batch([solid("L", 0), np.zeros((5, 7, 3), dtype=np.uint8)], identity_config())
+    assert batch.shape == (2, 3, 16, 16) and batch.dtype == np.float32
+    with pytest.raises(ValueError, match="expected at least one image, got none"):
+        preprocess_batch([], identity_config())
+
+
+# Augmentation and loading --------------------------------------------------------------------------
+def test_auto_augmentation_suits_the_data():
+    assert resolve_augment("auto", ViTConfig.from_preset("mnist")) == "digits"
+    assert resolve_augment("auto", ViTConfig(**tiny_config())) == "photos"
+    assert resolve_augment("none", ViTConfig(**tiny_config())) == "none"
+    with pytest.raises(DataError, match="--augment: expected one of auto, digits, photos, none, got 'mixup'"):
+        resolve_augment("mixup", ViTConfig(**tiny_config()))
+
+
+@pytest.mark.parametrize("augment, channels", [("digits", 1), ("photos", 3), ("photos", 1)])
+def test_augmentation_is_random_seeded_and_keeps_the_model_shape(image_folder, augment, channels):
+    config = ViTConfig(**tiny_config(in_channels=channels, image_size=[16, 24]))
+    transform = TrainTransform(config, augment)
+    with Image.open(image_files(image_folder)[0]) as image:
+        torch.manual_seed(0)
+        first, second = transform(image), transform(image)
+        torch.manual_seed(0)
+        replay = transform(image)
+    assert first.shape == (channels, 16, 24) and first.dtype == torch.float32
+    assert not torch.equal(first, second)
+    assert torch.equal(first, replay)
+
+
+def test_loader_order_depends_only_on_the_seed():
+    dataset = Labels(range(20))
+
+    def order(seed):
+        loader = make_loader(dataset, 5, shuffle=True, seed=seed, num_workers=0, pin_memory=False)
+        return torch.cat([indices for indices, _ in loader]).tolist()
+
+    assert order(1) == order(1) != order(2)
+    assert sorted(order(1)) == list(range(20))
+
+
+def test_transformed_yields_tensors_and_int_labels(split_image_folder):
+    splits = load_splits(str(split_image_folder))
+    dataset = vdata.Transformed(splits.test, EvalTransform(identity_config()))
+    pixels, label = dataset[len(dataset) - 1]
+    assert pixels.shape == (3, 16, 16) and label == 1 and type(label) is int
+
+
+def test_config_and_preprocess_import_without_torch():
+    code = ("import sys, vit_hub.config, vit_hub.preprocess; "
+            "sys.exit('torch was imported' if 'torch' in sys.modules else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr + result.stdout

@@ -1,0 +1,431 @@
+"""The model and its config: shapes, attention paths, save/load, and every input error."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import safetensors.torch
+import torch
+from conftest import tiny_config
+
+from vit_hub.config import PRESETS, ViTConfig, suggest_for_data
+from vit_hub.model import (
+    Attention, DropPath, PatchEmbedding, VisionTransformer, sincos_position_embedding,
+)
+
+
+def randomized(model: VisionTransformer, seed: int = 0) -> VisionTransformer:
+    """The model with every parameter drawn at random, the zero-initialised head included
+    (with a zero head every logit is 0 and comparisons of logits prove nothing)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    return model.eval()
+
+
+def images(batch: int, channels: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, channels, height, width, generator=torch.Generator().manual_seed(seed))
+
+
+# Shapes ----------------------------------------------------------------------------------
+# Parameter counts of timm's vit_{tiny,small,base}_patch16_224 (1000 classes) minus one
+# embed_dim: timm also gives the class token a position, ours gives positions to patches only.
+TIMM_PARAMETERS = {"tiny": 5_717_416 - 192, "small": 22_050_664 - 384, "base": 86_567_656 - 768}
+
+
+@pytest.mark.parametrize("preset, side", [
+    ("tiny", 224),
+    ("small", 64),  # smaller inputs (positions interpolated) keep the wide models fast
+    pytest.param("base", 64, marks=pytest.mark.slow),
+])
+def test_imagenet_presets_have_vit_paper_sizes_and_run_one_image(preset, side):
+    torch.manual_seed(0)
+    model = VisionTransformer(**PRESETS[preset]).eval()
+    assert sum(p.numel() for p in model.parameters()) == TIMM_PARAMETERS[preset]
+    config = model.config
+    tokens = 1 + (side // 16) ** 2
+    with torch.no_grad():
+        logits, attentions = model(torch.randn(1, 3, side, side), output_attentions=True)
+    assert logits.shape == (1, 1000)
+    assert attentions.shape == (12, 1, config.num_heads, tokens, tokens)
+
+
+@pytest.mark.parametrize("preset", ["mnist", "small-data"])
+def test_small_presets_forward_a_batch(preset):
+    model = VisionTransformer(**PRESETS[preset]).eval()
+    config = model.config
+    with torch.no_grad():
+        logits, attentions = model(images(2, config.in_channels, *config.image_size), output_attentions=True)
+    assert logits.shape == (2, config.num_classes)
+    assert attentions.shape == (config.depth, 2, config.num_heads, config.num_tokens, config.num_tokens)
+
+
+def test_mnist_preset_is_the_documented_architecture():
+    config = ViTConfig.from_preset("mnist")
+    assert (config.image_size, config.patch_size, config.in_channels) == ([28, 28], [4, 4], 1)
+    assert (config.embed_dim, config.depth, config.num_heads, config.num_tokens) == (64, 6, 4, 50)
+    assert config.labels == [str(digit) for digit in range(10)]
+
+
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(pos_embedding="sincos", pooling="mean"),
+    dict(patch_embedding="shifted", locality_attention=True),
+], ids=["learned-cls", "sincos-mean", "shifted-locality"])
+def test_non_square_images_and_patches(options):
+    # 24x40 image, 4x8 patches: a 6x5 grid, 30 patches, 31 tokens.
+    model = VisionTransformer(**tiny_config(image_size=[24, 40], patch_size=(4, 8), **options)).eval()
+    assert model.config.grid_size == (6, 5)
+    logits, attentions = model(images(3, 3, 24, 40), output_attentions=True)
+    assert logits.shape == (3, 2)
+    assert attentions.shape == (2, 3, 2, 31, 31)
+
+
+@pytest.mark.parametrize("pos_embedding", ["learned", "sincos"])
+def test_other_input_sizes_resize_the_positions(pos_embedding):
+    model = randomized(VisionTransformer(**tiny_config(pos_embedding=pos_embedding)))  # built for 16x16
+    logits, attentions = model(images(2, 3, 24, 32), output_attentions=True)  # a 6x8 grid
+    assert logits.shape == (2, 2) and attentions.shape[-1] == 1 + 6 * 8
+    assert torch.isfinite(logits).all()
+
+
+def test_learned_positions_are_unchanged_at_the_trained_size():
+    model = VisionTransformer(**tiny_config())
+    assert model._positions(4, 4) is model.pos_embedding
+
+
+# Attention -----------------------------------------------------------------------------------
+PARITY_OPTIONS = [
+    dict(),
+    dict(locality_attention=True),
+    dict(patch_embedding="shifted"),
+    dict(patch_embedding="shifted", locality_attention=True, pooling="mean", pos_embedding="sincos"),
+    dict(dropout=0.3, attention_dropout=0.3, drop_path=0.3),  # all inactive in eval mode
+]
+
+
+@pytest.mark.parametrize("options", PARITY_OPTIONS,
+                         ids=["plain", "locality", "shifted", "shifted-locality-mean-sincos", "dropouts"])
+def test_fused_and_explicit_attention_give_the_same_logits(options):
+    model = randomized(VisionTransformer(**tiny_config(**options)))
+    pixels = images(4, 3, 16, 16)
+    with torch.no_grad():
+        fused = model(pixels)
+        explicit, _ = model(pixels, output_attentions=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("locality", [False, True])
+def test_attention_module_paths_agree(locality):
+    torch.manual_seed(0)
+    attention = Attention(dim=24, num_heads=3, qkv_bias=True, attention_dropout=0.0, dropout=0.0,
+                          locality=locality).eval()
+    tokens = torch.randn(2, 7, 24)
+    fused, no_weights = attention(tokens)
+    explicit, weights = attention(tokens, need_weights=True)
+    assert no_weights is None and weights.shape == (2, 3, 7, 7)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+
+
+def reference_attention(attention: Attention, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-head attention written per head, straight from the paper: q, k, v of head h are
+    rows h*d:(h+1)*d of the query, key and value thirds of the fused projection."""
+    dim = tokens.shape[-1]
+    heads, head_dim = attention.num_heads, attention.head_dim
+    weight, bias = attention.to_qkv.weight, attention.to_qkv.bias
+    outputs, all_weights = [], []
+    for head in range(heads):
+        rows = slice(head * head_dim, (head + 1) * head_dim)
+        q, k, v = (tokens @ weight[part * dim:][rows].T + bias[part * dim:][rows] for part in range(3))
+        if attention.locality:
+            scores = (q * attention.log_scale.exp()) @ k.transpose(-2, -1)
+            scores = scores - torch.diag(torch.full((tokens.shape[1],), float("inf")))
+        else:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
+        head_weights = scores.softmax(dim=-1)
+        all_weights.append(head_weights)
+        outputs.append(head_weights @ v)
+    return attention.to_out(torch.cat(outputs, dim=-1)), torch.stack(all_weights, dim=1)
+
+
+@pytest.mark.parametrize("locality", [False, True])
+def test_attention_matches_a_per_head_reference(locality):
+    torch.manual_seed(1)
+    attention = Attention(dim=12, num_heads=3, qkv_bias=True, attention_dropout=0.0, dropout=0.0,
+                          locality=locality).eval()
+    if locality:
+        with torch.no_grad():
+            attention.log_scale.fill_(-0.2)  # not the default temperature
+    tokens = torch.randn(2, 5, 12)
+    expected_out, expected_weights = reference_attention(attention, tokens)
+    out, weights = attention(tokens, need_weights=True)
+    torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(attention(tokens)[0], expected_out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("locality", [False, True])
+def test_attention_rows_are_probabilities(locality):
+    model = randomized(VisionTransformer(**tiny_config(locality_attention=locality)))
+    _, attentions = model(images(3, 3, 16, 16), output_attentions=True)
+    assert (attentions >= 0).all()
+    torch.testing.assert_close(attentions.sum(dim=-1), torch.ones(attentions.shape[:-1]), atol=1e-5, rtol=0)
+    diagonal = attentions.diagonal(dim1=-2, dim2=-1)
+    if locality:  # locality self-attention: a token never attends to itself
+        assert (diagonal == 0).all()
+    else:
+        assert (diagonal > 0).all()
+
+
+def test_locality_temperature_is_learned_and_starts_at_the_usual_scale():
+    model = VisionTransformer(**tiny_config(locality_attention=True, embed_dim=32, num_heads=2))
+    scales = [block.attention.log_scale for block in model.blocks]
+    assert all(scale.requires_grad for scale in scales)
+    assert all(math.isclose(scale.exp().item(), 16**-0.5, rel_tol=1e-6) for scale in scales)
+    assert "blocks.0.attention.log_scale" in model.state_dict()
+
+
+def test_attention_weights_get_gradients_on_the_explicit_path():
+    model = VisionTransformer(**tiny_config()).train()
+    logits, attentions = model(images(2, 3, 16, 16), output_attentions=True)
+    (logits.sum() + attentions.sum()).backward()
+    assert model.blocks[0].attention.to_qkv.weight.grad is not None
+
+
+# Patch embedding, positions, stochastic depth -------------------------------------------------
+def test_shifted_patches_move_half_a_patch_towards_each_corner():
+    embedding = PatchEmbedding(in_channels=1, embed_dim=8, patch_size=[4, 8], shifted=True)
+    image = torch.zeros(1, 1, 8, 16)
+    image[0, 0, 3, 5] = 1.0  # half a patch is 2 rows and 4 columns
+    shifted = embedding._diagonal_shifts(image)
+    moved_to = [tuple(torch.nonzero(copy[0, 0]).squeeze(0).tolist()) for copy in shifted]
+    assert moved_to == [(5, 9), (5, 1), (1, 9), (1, 1)]
+    assert all(copy.shape == image.shape for copy in shifted)
+    assert embedding.to_tokens.in_channels == 5  # the image and its four shifted copies
+    assert embedding(image).shape == (1, 2 * 2, 8)
+
+
+def test_conv_patch_embedding_is_one_linear_layer_per_patch():
+    torch.manual_seed(0)
+    embedding = PatchEmbedding(in_channels=3, embed_dim=6, patch_size=[2, 4], shifted=False)
+    image = torch.randn(1, 3, 4, 8)
+    patches = image.reshape(1, 3, 2, 2, 2, 4).permute(0, 2, 4, 1, 3, 5).reshape(1, 4, 3 * 2 * 4)  # row-major grid
+    expected = patches @ embedding.to_tokens.weight.reshape(6, -1).T + embedding.to_tokens.bias
+    torch.testing.assert_close(embedding(image), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sincos_positions_are_fixed_and_distinct():
+    positions = sincos_position_embedding(3, 5, 16)
+    assert positions.shape == (15, 16) and positions.abs().max() <= 1.0
+    torch.testing.assert_close(positions[0], torch.tensor([0.0] * 4 + [1.0] * 4 + [0.0] * 4 + [1.0] * 4))
+    assert torch.cdist(positions, positions).add(torch.eye(15)).min() > 0.1  # every position unique
+    model = VisionTransformer(**tiny_config(pos_embedding="sincos"))
+    assert "pos_embedding" not in dict(model.named_parameters())
+    assert "pos_embedding" not in model.state_dict()  # rebuilt from the config, never saved
+    with pytest.raises(ValueError, match="divisible by 4, got 18"):
+        sincos_position_embedding(2, 2, 18)
+
+
+def test_drop_path_drops_whole_samples_and_keeps_the_mean():
+    torch.manual_seed(0)
+    drop = DropPath(0.5)
+    x = torch.ones(4000, 3, 2)
+    out = drop.train()(x)
+    per_sample = out.reshape(4000, -1)
+    assert set(per_sample.unique().tolist()) == {0.0, 2.0}
+    assert (per_sample == per_sample[:, :1]).all()  # one decision per sample
+    assert abs(out.mean().item() - 1.0) < 0.1
+    assert torch.equal(drop.eval()(x), x)
+    assert torch.equal(DropPath(0.0).train()(x), x)
+
+
+def test_drop_path_rates_grow_linearly_with_depth():
+    model = VisionTransformer(**tiny_config(depth=5, drop_path=0.2))
+    rates = [block.drop_path.rate for block in model.blocks]
+    assert rates == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
+
+
+def test_initial_model_predicts_uniformly():
+    model = VisionTransformer(**tiny_config(num_classes=None, labels=["a", "b", "c"])).eval()
+    assert torch.equal(model.head.weight, torch.zeros_like(model.head.weight))
+    probabilities = model(images(2, 3, 16, 16)).softmax(dim=-1)
+    torch.testing.assert_close(probabilities, torch.full((2, 3), 1 / 3))
+
+
+def test_training_mode_is_random_only_where_asked():
+    model = randomized(VisionTransformer(**tiny_config(dropout=0.2, drop_path=0.2))).train()
+    pixels = images(2, 3, 16, 16)
+    assert not torch.equal(model(pixels), model(pixels))
+    model.eval()
+    assert torch.equal(model(pixels), model(pixels))
+
+
+# Save and load ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(pos_embedding="sincos", pooling="mean", patch_embedding="shifted", locality_attention=True),
+], ids=["plain", "sincos-shifted-locality"])
+def test_save_then_load_gives_identical_logits(tmp_path, options):
+    model = randomized(VisionTransformer(**tiny_config(image_size=[16, 24], **options)))
+    model.save_pretrained(tmp_path)
+    loaded = VisionTransformer.from_pretrained(str(tmp_path))
+    assert not loaded.training
+    pixels = images(3, 3, 16, 24)
+    assert torch.equal(model(pixels), loaded(pixels))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")) == []
+
+
+def test_config_round_trip_turns_tuples_into_lists(tmp_path):
+    kwargs = dict(image_size=(16, 24), patch_size=(4, 8), in_channels=3, embed_dim=16, depth=1, num_heads=2,
+                  mlp_ratio=3, mean=(0.25,), std=(0.5, 0.25, 0.125), labels=("cat", "dog"), drop_path=0.1)
+    model = VisionTransformer(**kwargs)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["image_size"] == [16, 24] and saved["patch_size"] == [4, 8]
+    assert saved["mean"] == [0.25, 0.25, 0.25] and saved["std"] == [0.5, 0.25, 0.125]
+    assert saved["labels"] == ["cat", "dog"] and saved["num_classes"] == 2
+    assert saved["mlp_ratio"] == 3.0
+    assert set(saved) == set(ViTConfig.__dataclass_fields__)  # every field, defaults included
+    loaded = VisionTransformer.from_pretrained(str(tmp_path))
+    assert loaded.config == model.config == ViTConfig(**kwargs)
+    assert ViTConfig.from_dict(json.loads(json.dumps(model.config.to_dict()))) == model.config
+
+
+def test_config_json_rebuilds_an_identical_model(tmp_path):
+    model = VisionTransformer(**tiny_config())
+    model.save_pretrained(tmp_path)
+    config = ViTConfig.from_json(tmp_path / "config.json")
+    assert VisionTransformer(**config.to_dict()).config == model.config
+
+
+def rewrite_weights(directory, change) -> None:
+    path = directory / "model.safetensors"
+    tensors = safetensors.torch.load_file(str(path))
+    change(tensors)
+    safetensors.torch.save_file(tensors, str(path))
+
+
+def test_loading_with_a_missing_weight_fails_naming_it(tmp_path):
+    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda tensors: tensors.pop("blocks.1.mlp.0.bias"))
+    with pytest.raises(ValueError, match=r"missing \['blocks.1.mlp.0.bias'\], unexpected \[\]"):
+        VisionTransformer.from_pretrained(str(tmp_path))
+
+
+def test_loading_with_an_unexpected_weight_fails_naming_it(tmp_path):
+    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda tensors: tensors.update(extra=torch.zeros(2)))
+    with pytest.raises(ValueError, match=r"missing \[\], unexpected \['extra'\]"):
+        VisionTransformer.from_pretrained(str(tmp_path))
+
+
+def test_loading_weights_of_another_shape_fails_with_a_value_error(tmp_path):
+    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "embed_dim": 32}))
+    with pytest.raises(ValueError, match="do not match the config"):
+        VisionTransformer.from_pretrained(str(tmp_path))
+
+
+def test_loading_without_config_or_weights_fails(tmp_path):
+    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="expected weights at .*model.safetensors"):
+        VisionTransformer.from_pretrained(str(tmp_path))
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ValueError, match="has no vit_hub config.json"):
+        VisionTransformer.from_pretrained(str(tmp_path))
+
+
+def test_non_strict_load_is_possible_when_asked(tmp_path):
+    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda tensors: tensors.pop("head.bias"))
+    model = VisionTransformer.from_pretrained(str(tmp_path), strict=False)
+    assert model.head.bias.shape == (2,)
+
+
+# Bad inputs ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pixels, error, message", [
+    (torch.zeros(1, 1, 16, 16), ValueError, "expected 3 input channels, got 1"),
+    (torch.zeros(1, 4, 16, 16), ValueError, "expected 3 input channels, got 4"),
+    (torch.zeros(1, 3, 18, 16), ValueError, "divisible by the patch size 4x4, got 18x16"),
+    (torch.zeros(1, 3, 16, 15), ValueError, "divisible by the patch size 4x4, got 16x15"),
+    (torch.zeros(3, 16, 16), ValueError, r"expected pixel_values of rank 4 \[batch, 3, height, width\], got rank 3"),
+    (torch.zeros(1, 1, 3, 16, 16), ValueError, "got rank 5"),
+    (torch.zeros(1, 3, 16, 16, dtype=torch.uint8), ValueError, "expected floating-point pixel_values, got torch.uint8"),
+    (torch.zeros(1, 3, 16, 16, dtype=torch.int64), ValueError, "got torch.int64"),
+    ([[0.0]], TypeError, "expected pixel_values as a torch.Tensor, got list"),
+], ids=["1-channel", "4-channels", "height", "width", "rank-3", "rank-5", "uint8", "int64", "list"])
+def test_wrong_input_says_what_was_expected_and_found(pixels, error, message):
+    model = VisionTransformer(**tiny_config())
+    with pytest.raises(error, match=message):
+        model(pixels)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(num_heads=3), "embed_dim 16 is not divisible by num_heads 3"),
+    (dict(in_channels=2), r"in_channels: expected 1 \(grayscale\) or 3 \(RGB\), got 2"),
+    (dict(image_size=18), "image height 18 is not divisible by patch height 4"),
+    (dict(image_size=[16, 18]), "image width 18 is not divisible by patch width 4"),
+    (dict(image_size=0), r"image_size: expected positive sizes, got \[0, 0\]"),
+    (dict(image_size=[16, 16, 16]), r"image_size: expected an int or \[height, width\]"),
+    (dict(patch_size=True), "patch_size: expected an int or"),
+    (dict(depth=0), "depth: expected a positive int, got 0"),
+    (dict(embed_dim=16.0), "embed_dim: expected a positive int, got 16.0"),
+    (dict(pos_embedding="rotary"), "pos_embedding: expected one of learned, sincos, got 'rotary'"),
+    (dict(pooling="max"), "pooling: expected one of cls, mean, got 'max'"),
+    (dict(patch_embedding="overlap"), "patch_embedding: expected one of conv, shifted"),
+    (dict(num_classes=3), "num_classes 3 does not match the 2 labels given"),
+    (dict(labels=None, num_classes=0), "num_classes: expected a positive int, got 0"),
+    (dict(mean=[0.1, 0.2]), r"mean: expected 3 values \(one per channel\), got 2"),
+    (dict(std=[0.5, 0.0, 0.5]), "std: expected positive values"),
+    (dict(dropout=1.0), r"dropout: expected a rate in \[0, 1\), got 1.0"),
+    (dict(drop_path=-0.1), r"drop_path: expected a rate in \[0, 1\), got -0.1"),
+    (dict(mlp_ratio=-1), "mlp_ratio: expected a positive"),
+    (dict(colour="red"), r"unknown config keys \['colour'\]"),
+])
+def test_bad_config_says_what_was_expected(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        VisionTransformer(**tiny_config(**overrides))
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown preset 'huge'; expected one of mnist, small-data, tiny"):
+        ViTConfig.from_preset("huge")
+
+
+def test_preset_fields_can_be_overridden_but_none_keeps_them():
+    config = ViTConfig.from_preset("mnist", depth=2, embed_dim=None)
+    assert (config.depth, config.embed_dim, config.patch_size) == (2, 64, [4, 4])
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="expected a vit_hub config.json at"):
+        ViTConfig.from_json(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text("{nope")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        ViTConfig.from_json(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ValueError, match="is not a vit_hub config"):
+        ViTConfig.from_json(tmp_path / "config.json")
+
+
+def test_derived_sizes():
+    config = ViTConfig(**tiny_config(image_size=[32, 48], patch_size=[8, 4]))
+    assert config.grid_size == (4, 12) and config.num_patches == 48 and config.num_tokens == 49
+
+
+@pytest.mark.parametrize("num_train, channels, side, expected", [
+    (600, 1, 28, dict(image_size=28, patch_size=4, in_channels=1, patch_embedding="shifted")),
+    (400, 3, 500, dict(image_size=64, patch_size=8, in_channels=3, locality_attention=True)),
+    (50_000, 3, 32, dict(image_size=32, patch_size=4, embed_dim=192)),
+    (500_000, 3, 300, dict(image_size=224, patch_size=16, embed_dim=192, depth=12)),
+])
+def test_suggested_architecture_fits_the_data_and_builds(num_train, channels, side, expected):
+    values = suggest_for_data(num_train, channels, side)
+    assert {key: values[key] for key in expected} == expected
+    config = ViTConfig.from_dict(values)
+    assert config.grid_size in ((7, 7), (8, 8), (14, 14))

@@ -1,0 +1,356 @@
+"""Training: a short run that learns, the model dir it writes, resume and Ctrl-C, and the
+schedule, checkpoint and settings helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import math
+
+import pytest
+import torch
+from conftest import read_json, tiny_config
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from vit_hub import cli
+from vit_hub import data as vdata
+from vit_hub.config import PRESETS, ViTConfig
+from vit_hub.model import VisionTransformer
+from vit_hub.train import (
+    CHECKPOINT, Trainer, TrainingError, TrainSettings, build_config, default_epochs, evaluate, learning_rate,
+    load_checkpoint, parameter_groups, read_checkpoint_state, save_checkpoint, train,
+)
+
+TINY_MODEL = dict(image_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0)
+TIMING = ("images_per_second", "epoch_seconds")
+
+
+def tiny_settings(data, out, **overrides) -> TrainSettings:
+    """A run of a few seconds: 16x16 inputs, one block of width 16, batches of 8, no workers."""
+    values = dict(data=str(data), out=str(out), model=dict(TINY_MODEL), epochs=2, batch_size=8, lr=3e-3,
+                  augment="none", val_split=0.25, num_workers=0, device="cpu", seed=0)
+    values.update(overrides)
+    return TrainSettings(**values)
+
+
+def quietly(function, *args, **kwargs):
+    """Call `function` with stdout and stderr captured; returns (result, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        result = function(*args, **kwargs)
+    return result, out.getvalue(), err.getvalue()
+
+
+def without_timing(history):
+    return [{key: value for key, value in record.items() if key not in TIMING} for record in history]
+
+
+def weights(path):
+    return load_file(str(path))
+
+
+def assert_same_tensors(first, second):
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+# A short run on the generated folder ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def learned_run(image_folder, tmp_path_factory):
+    """Five epochs on the two-class folder (with its corrupt file), photo augmentation on."""
+    out = tmp_path_factory.mktemp("learned") / "model"
+    settings = tiny_settings(image_folder, out, epochs=5, augment="photos",
+                             command=f"vit-hub train --data {image_folder} --out {out}")
+    metrics, stdout, stderr = quietly(train, settings)
+    return dict(out=out, metrics=metrics, stdout=stdout, stderr=stderr, settings=settings)
+
+
+def test_short_run_learns_the_easy_task_well_above_chance(learned_run):
+    metrics = learned_run["metrics"]
+    assert len(metrics["history"]) == 5
+    assert metrics["final"]["split"] == "val" and metrics["final"]["n"] == 12
+    assert metrics["final"]["accuracy"] >= 0.9  # chance is 0.5
+    assert max(record["train_accuracy"] for record in metrics["history"]) >= 0.85  # under strong augmentation
+    assert metrics["history"][-1]["train_loss"] < metrics["history"][0]["train_loss"]
+    assert metrics["best_val_accuracy"] == max(record["val_accuracy"] for record in metrics["history"])
+
+
+def test_corrupt_file_is_reported_with_its_path_and_skipped(learned_run, corrupt_file):
+    assert f"skipped 1 unreadable image(s)" in learned_run["stderr"]
+    assert str(corrupt_file) in learned_run["stderr"]
+    assert "train 36 | val 12 | test 0 | 2 classes" in learned_run["stdout"]
+
+
+def test_run_writes_a_hub_layout_model_dir_without_pickles(learned_run):
+    out = learned_run["out"]
+    names = {path.name for path in out.iterdir()}
+    assert {"config.json", "model.safetensors", "README.md", "metrics.json", "curves.png",
+            "confusion_matrix.png", CHECKPOINT} <= names
+    assert not [name for name in names if name.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt", ".partial"))]
+    for image in ("curves.png", "confusion_matrix.png"):
+        assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_config_stores_labels_and_the_training_split_mean_and_std(learned_run, image_folder):
+    config = ViTConfig.from_json(learned_run["out"] / "config.json")
+    assert config.labels == ["bright_disc", "dark_square"]
+    assert (config.image_size, config.embed_dim, config.depth) == ([16, 16], 16, 1)
+    splits = vdata.load_splits(str(image_folder), val_split=0.25, seed=0)
+    probe = ViTConfig(**{**config.to_dict(), "mean": None, "std": None})
+    assert (config.mean, config.std) == tuple(vdata.compute_mean_std(splits.train, probe, seed=0))
+    assert config.mean != [0.5, 0.5, 0.5] and len(config.std) == 3
+
+
+def test_saved_model_reproduces_the_final_accuracy(learned_run, image_folder):
+    model = VisionTransformer.from_pretrained(str(learned_run["out"]))
+    splits = vdata.load_splits(str(image_folder), val_split=0.25, seed=0)
+    loader = vdata.make_loader(vdata.Transformed(splits.val, vdata.EvalTransform(model.config)), 64,
+                               shuffle=False, seed=0, num_workers=0, pin_memory=False)
+    result = evaluate(model, loader, torch.device("cpu"), 2)
+    final = learned_run["metrics"]["final"]
+    assert result["accuracy"] == final["accuracy"] and result["n"] == final["n"]
+    assert result["loss"] == pytest.approx(final["loss"], rel=1e-6)
+
+
+def test_metrics_and_card_record_the_run(learned_run):
+    out, settings = learned_run["out"], learned_run["settings"]
+    metrics = read_json(out / "metrics.json")
+    assert [record["epoch"] for record in metrics["history"]] == [1, 2, 3, 4, 5]
+    assert {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "images_per_second"} <= set(
+        metrics["history"][0])
+    assert metrics["settings"] == dataclasses.asdict(settings)
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\n")
+    assert "library_name: vit_hub" in card and "pipeline_tag: image-classification" in card
+    assert settings.command in card
+    assert "![training curves](curves.png)" in card
+
+
+def test_checkpoint_holds_model_optimizer_and_run_state(learned_run):
+    path = learned_run["out"] / CHECKPOINT
+    state = read_checkpoint_state(learned_run["out"])
+    assert state["epoch"] == 5 and len(state["history"]) == 5
+    assert state["settings"] == dataclasses.asdict(learned_run["settings"])
+    with safe_open(str(path), framework="pt") as handle:
+        keys = list(handle.keys())
+    assert any(key.startswith("model/") for key in keys)
+    assert any(key.startswith("optimizer/") and key.endswith("/exp_avg") for key in keys)
+
+
+def test_strict_run_fails_on_the_corrupt_file(image_folder, corrupt_file, tmp_path):
+    with pytest.raises(vdata.DataError, match=f"unreadable image {corrupt_file}"):
+        train(tiny_settings(image_folder, tmp_path / "out", strict=True))
+    assert not (tmp_path / "out").exists()
+
+
+# Resume and Ctrl-C ----------------------------------------------------------------------------------
+# Every source of randomness is on: augmentation, dropout, stochastic depth, shuffling.
+RANDOM_RUN = dict(augment="photos", model={**TINY_MODEL, "dropout": 0.1, "drop_path": 0.1}, epochs=2)
+
+
+@pytest.fixture(scope="module")
+def straight_run(split_image_folder, tmp_path_factory):
+    """Two epochs without a break: what every resumed run must reproduce."""
+    out = tmp_path_factory.mktemp("straight") / "model"
+    metrics, _, _ = quietly(train, tiny_settings(split_image_folder, out, **RANDOM_RUN))
+    return dict(out=out, metrics=metrics)
+
+
+def assert_same_run(out, straight_run):
+    assert_same_tensors(weights(out / "model.safetensors"), weights(straight_run["out"] / "model.safetensors"))
+    assert_same_tensors(weights(out / CHECKPOINT), weights(straight_run["out"] / CHECKPOINT))
+    assert without_timing(read_json(out / "metrics.json")["history"]) == without_timing(
+        straight_run["metrics"]["history"])
+    assert read_json(out / "metrics.json")["final"] == straight_run["metrics"]["final"]
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_resume_gives_the_same_result_as_an_uninterrupted_run(split_image_folder, straight_run, tmp_path, workers):
+    out = tmp_path / "model"
+    settings = tiny_settings(split_image_folder, out, **RANDOM_RUN, num_workers=workers)
+    paused, stdout, _ = quietly(train, settings, stop_after_epochs=1)
+    assert len(paused["history"]) == 1 and "paused after epoch 1 of 2" in stdout
+    assert read_checkpoint_state(out)["epoch"] == 1
+    resumed, _, _ = quietly(train, TrainSettings(data="", out=str(out)), resume=True)  # settings come from the checkpoint
+    assert [record["epoch"] for record in resumed["history"]] == [1, 2]
+    if workers == 0:
+        assert_same_run(out, straight_run)
+    else:  # augmentation runs in the worker process: compare with a straight run that has one too
+        reference = tmp_path / "straight"
+        metrics, _, _ = quietly(train, dataclasses.replace(settings, out=str(reference)))
+        assert_same_run(out, dict(out=reference, metrics=metrics))
+
+
+def test_ctrl_c_leaves_a_checkpoint_that_resumes_to_the_same_result(split_image_folder, straight_run, tmp_path,
+                                                                     monkeypatch, capsys):
+    out = tmp_path / "model"
+    steps = {"count": 0}
+    original_step = Trainer._step
+
+    def step_then_interrupt(self, images, labels):
+        steps["count"] += 1
+        if steps["count"] == self.steps_per_epoch + 2:  # in the middle of the second epoch
+            raise KeyboardInterrupt
+        return original_step(self, images, labels)
+
+    monkeypatch.setattr(Trainer, "_step", step_then_interrupt)
+    flags = ["train", "--data", str(split_image_folder), "--out", str(out), "--epochs", "2", "--val-split", "0.25",
+             "--image-size", "16", "--patch-size", "4", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
+             "--mlp-ratio", "2", "--dropout", "0.1", "--drop-path", "0.1", "--batch-size", "8", "--lr", "3e-3",
+             "--augment", "photos", "--workers", "0", "--device", "cpu", "--seed", "0"]
+    assert cli.main(flags) == 130
+    assert f"interrupted; continue with: vit-hub train --resume --out {out}" in capsys.readouterr().err
+    state = read_checkpoint_state(out)
+    assert state["epoch"] == 1 and len(state["history"]) == 1
+    VisionTransformer.from_pretrained(str(out))  # the best model so far is loadable too
+
+    monkeypatch.setattr(Trainer, "_step", original_step)
+    assert cli.main(["train", "--resume", "--out", str(out)]) == 0
+    assert_same_run(out, straight_run)
+
+
+def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
+    with pytest.raises(TrainingError, match=f"--resume: expected a checkpoint at {tmp_path / CHECKPOINT}"):
+        train(TrainSettings(data="", out=str(tmp_path)), resume=True)
+
+
+# Settings --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides, message", [
+    (dict(epochs=0), "--epochs: expected a positive int, got 0"),
+    (dict(lr=-1.0), "--lr: expected a positive learning rate, got -1.0"),
+    (dict(label_smoothing=1.5), r"--label-smoothing: expected a value in \[0, 1\), got 1.5"),
+    (dict(grad_clip=0.0), "--grad-clip: expected a positive max gradient norm, got 0.0"),
+    (dict(weight_decay=-0.1), "--weight-decay: expected a value >= 0, got -0.1"),
+    (dict(warmup_epochs=-1.0), "--warmup-epochs: expected a value >= 0"),
+    (dict(num_workers=-1), "--workers: expected a count >= 0, got -1"),
+    (dict(batch_size=0), "--batch-size: expected a positive multiple of the 1 processes, got 0"),
+    (dict(preset="huge"), "--preset: expected one of mnist, small-data, tiny, small, base, got 'huge'"),
+    (dict(device="cuda:0"), "--device cuda: expected a CUDA GPU, found none"),
+    (dict(augment="mixup"), "--augment: expected one of auto, digits, photos, none"),
+    (dict(model={**TINY_MODEL, "num_heads": 3}), "embed_dim 16 is not divisible by num_heads 3"),
+])
+def test_settings_that_cannot_train_fail_before_training(split_image_folder, tmp_path, overrides, message):
+    if overrides.get("device", "").startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match=message):
+        train(tiny_settings(split_image_folder, tmp_path / "out", **overrides))
+    assert not (tmp_path / "out" / CHECKPOINT).exists()
+
+
+def test_config_takes_preset_then_flags_and_keeps_given_normalisation(split_image_folder, tmp_path):
+    splits = vdata.load_splits(str(split_image_folder))
+    settings = tiny_settings(split_image_folder, tmp_path, preset="mnist",
+                             model={"depth": 2, "in_channels": 3, "mean": [0.3]})
+    config = build_config(settings, splits)
+    assert (config.embed_dim, config.depth, config.patch_size) == (64, 2, [4, 4])
+    assert config.labels == ["bright_disc", "dark_square"] and config.num_classes == 2
+    assert config.mean == [0.3, 0.3, 0.3]  # given: kept
+    assert config.std == [0.3081] * 3  # from the preset
+
+
+def test_only_missing_normalisation_is_measured(split_image_folder, tmp_path):
+    splits = vdata.load_splits(str(split_image_folder))
+    config = build_config(tiny_settings(split_image_folder, tmp_path, model={**TINY_MODEL, "std": [0.25]}), splits)
+    assert config.std == [0.25] * 3
+    assert config.mean != [0.5] * 3 and all(0 < value < 1 for value in config.mean)
+
+
+def test_without_preset_the_architecture_is_chosen_from_the_data(split_image_folder, tmp_path):
+    splits = vdata.load_splits(str(split_image_folder))
+    config = build_config(tiny_settings(split_image_folder, tmp_path, model={}), splits)
+    # 30 small RGB images (median side ~35 px): 32x32 inputs and the small-data tricks
+    assert (config.image_size, config.patch_size, config.in_channels) == ([32, 32], [4, 4], 3)
+    assert config.patch_embedding == "shifted" and config.locality_attention and config.drop_path > 0
+
+
+def test_mnist_preset_keeps_its_published_normalisation():
+    splits = vdata.load_splits("mnist")
+    config = build_config(TrainSettings(data="mnist", out="unused", preset="mnist"), splits)
+    assert (config.mean, config.std) == ([0.1307], [0.3081])
+    assert config.labels == [str(digit) for digit in range(10)]
+
+
+# Schedule, optimizer groups, checkpoints, evaluation ---------------------------------------------------
+def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_one_percent():
+    rates = [learning_rate(step, total_steps=100, warmup_steps=10, peak=1.0) for step in range(100)]
+    assert rates[:10] == pytest.approx([(step + 1) / 10 for step in range(10)])
+    assert rates[10] == pytest.approx(1.0)
+    assert all(later <= earlier for earlier, later in zip(rates[10:], rates[11:]))
+    assert rates[55] == pytest.approx(0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert learning_rate(100, 100, 10, 1.0) == pytest.approx(0.01)
+
+
+def test_default_epochs_see_about_200k_samples_within_bounds():
+    assert default_epochs(60_000) == 10  # at least 10
+    assert default_epochs(4_000) == 50
+    assert default_epochs(100) == 200  # at most 200
+
+
+def test_weight_decay_spares_biases_norms_positions_and_class_token():
+    model = VisionTransformer(**tiny_config(depth=1))
+    decay, no_decay = parameter_groups(model, 0.05)
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    decayed = sorted(names[id(p)] for p in decay["params"])
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert all(name.endswith("weight") and "norm" not in name for name in decayed)
+    assert {"cls_token", "pos_embedding", "head.bias", "norm.weight"} <= {names[id(p)] for p in no_decay["params"]}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(names)
+
+
+def test_checkpoint_round_trip_restores_model_and_optimizer_exactly(tmp_path):
+    torch.manual_seed(0)
+    model = VisionTransformer(**tiny_config(locality_attention=True))
+    optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=1e-3)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(4, 3, 16, 16)).square().sum().backward()
+        optimizer.step()
+    save_checkpoint(tmp_path / CHECKPOINT, model, optimizer, {"epoch": 3, "note": "hi"})
+    assert [path.name for path in tmp_path.iterdir()] == [CHECKPOINT]  # no partial file left
+
+    restored = VisionTransformer(**tiny_config(locality_attention=True))
+    restored_optimizer = torch.optim.AdamW(parameter_groups(restored, 0.05), lr=1e-3)
+    state = load_checkpoint(tmp_path / CHECKPOINT, restored, restored_optimizer)
+    assert state == {"epoch": 3, "note": "hi"}
+    assert_same_tensors(restored.state_dict(), model.state_dict())
+    original, loaded = optimizer.state_dict(), restored_optimizer.state_dict()
+    as_json = lambda groups: json.loads(json.dumps(groups))  # noqa: E731  (betas come back as a list)
+    assert as_json(original["param_groups"]) == as_json(loaded["param_groups"])
+    for index, values in original["state"].items():
+        for key, value in values.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(loaded["state"][index][key])), (index, key)
+
+
+class FixedLogits(torch.nn.Module):
+    """A 'model' that returns the logits it is fed as images."""
+
+    def forward(self, images):
+        return images
+
+
+def test_evaluate_counts_accuracy_loss_and_confusion():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 3.0]])
+    labels = torch.tensor([0, 1, 1, 1])
+    loader = [(logits[:3], labels[:3]), (logits[3:], labels[3:])]
+    result = evaluate(FixedLogits(), loader, torch.device("cpu"), num_classes=2)
+    assert result["accuracy"] == 0.75 and result["n"] == 4
+    assert result["confusion"] == [[1, 0], [1, 2]]  # rows: true class
+    expected_loss = torch.nn.functional.cross_entropy(logits, labels).item()
+    assert result["loss"] == pytest.approx(expected_loss)
+
+
+def test_presets_all_train_one_step():
+    """Every preset's config goes through one optimizer step (at a small size) without error."""
+    for name in PRESETS:
+        values = {**PRESETS[name], "image_size": 32, "patch_size": 8, "depth": 1, "num_classes": None,
+                  "labels": ["a", "b"]}
+        model = VisionTransformer(**values).train()
+        optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=1e-3)
+        loss = model(torch.randn(2, model.config.in_channels, 32, 32)).logsumexp(-1).mean()
+        loss.backward()
+        optimizer.step()
+        assert math.isfinite(loss.item()), name
