@@ -43,7 +43,7 @@ TINY = dict(image_size=8, patch_size=4, in_channels=1, embed_dim=16, depth=1, nu
 METRICS = {"final": {"split": "test", "accuracy": 0.8125, "loss": 0.52, "n": 16},
            "settings": {"data": "mnist", "command": "vit-hub train --data mnist --out tiny --epochs 1"}}
 PUSHED = {"config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png"}
-ONNX_REPORT = "export_report.json"
+ONNX_REPORT = "model_export_report.json"
 PIXELS = torch.linspace(-1.0, 1.0, 2 * 8 * 8).reshape(2, 1, 8, 8)
 OLAH_CLI = Path(sys.executable).with_name("olah-cli")
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +105,7 @@ def hub(monkeypatch):
     with HubDouble(TOKEN) as double:
         monkeypatch.setenv("HF_ENDPOINT", double.url)
         yield double
+    assert double.unexpected == []  # huggingface_hub called nothing the double does not know
 
 
 @pytest.fixture
@@ -123,7 +124,6 @@ def test_push_commits_exactly_the_model_files_in_one_commit(hub, model_dir, monk
     for name in PUSHED - {"README.md"}:
         assert commit.files[name] == (model_dir / name).read_bytes()
     assert hub.repos[REPO].private
-    assert hub.unexpected == []
     output = capsys.readouterr()
     assert f"model card: {CARD_GENERATED}" in output.out
     assert_token_absent([output.out, output.err, caplog.text, *hub.requests, *hub.validated_cards],
@@ -162,6 +162,14 @@ def test_with_onnx_adds_model_onnx_and_its_report(hub, model_dir, with_onnx):
     assert (f"python -m export --model {REPO}" in card) == (not with_onnx)
 
 
+def test_with_onnx_exports_model_onnx_first_when_missing(hub, model_dir):
+    pytest.importorskip("onnxruntime")
+    result = push_to_hub(model_dir, REPO, token=TOKEN, with_onnx=True)
+    assert set(result.files) == PUSHED | {"model.onnx", ONNX_REPORT}
+    assert hub.files(REPO)["model.onnx"] == (model_dir / "model.onnx").read_bytes()
+    assert json.loads(hub.files(REPO)[ONNX_REPORT])["graphs"]["model.onnx"]
+
+
 def test_a_card_edited_on_the_hub_is_kept_unless_overwrite_card(hub, model_dir, capsys):
     push_to_hub(model_dir, REPO, token=TOKEN)
     edited = hub.files(REPO)["README.md"].replace(b"## Training", b"A note from the author.\n\n## Training")
@@ -170,7 +178,9 @@ def test_a_card_edited_on_the_hub_is_kept_unless_overwrite_card(hub, model_dir, 
     assert main(["push", "--model", str(model_dir), "--repo-id", REPO, "--token", TOKEN]) == 0
     assert "README.md" not in hub.commits[-1].files
     assert hub.files(REPO)["README.md"] == edited
-    assert f"model card: {CARD_KEPT}" in capsys.readouterr().out
+    output = capsys.readouterr()
+    assert f"model card: {CARD_KEPT}" in output.out
+    assert_token_absent([output.out, output.err], [model_dir])  # given with --token this time
 
     result = push_to_hub(model_dir, REPO, token=TOKEN, overwrite_card=True)
     assert result.card == CARD_GENERATED and "README.md" in hub.commits[-1].files
@@ -250,7 +260,8 @@ def test_loading_errors_are_one_clear_line(hub, model_dir):
     (["push", "--model", "{model_dir}", "--repo-id", REPO], "push needs a Hugging Face token"),
     (["push", "--model", "{model_dir}", "--repo-id", REPO, "--token", "hf_wrong"], "the Hub at http://"),
     (["pull", "org/absent", "--out", "{tmp_path}/out"], "no model repo org/absent on http://"),
-    (["predict", "--model", "org/absent", "x.png"], "no model repo org/absent on http://"),
+    (["predict", "--model", "org/absent", "x.png"],
+     "--model org/absent: no such folder here, and as a Hub repo: no model repo org/absent on http://"),
 ])
 def test_cli_prints_hub_errors_as_one_line(hub, argv, message, model_dir, tmp_path, capsys):
     assert main([arg.format(model_dir=model_dir, tmp_path=tmp_path) for arg in argv]) == 2

@@ -43,7 +43,7 @@ from .model import VisionTransformer
 
 # What a model dir holds and a push uploads. Checkpoints and other files stay local.
 MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png")
-ONNX_FILES = ("model.onnx", "model.onnx.data", "export_report.json")
+ONNX_FILES = ("model.onnx", "model.onnx.data", "model_export_report.json")  # as export/layout.py names them
 DEFAULT_BRANCH = "main"
 LOGIN_HINT = "--token, HF_TOKEN or `hf auth login`"
 # Which README.md a push committed.
@@ -92,7 +92,10 @@ def resolve_model_dir(reference: str | Path, revision: str | None = None, token:
     if path.exists():
         raise ValueError(f"--model: expected a model folder or a Hub repo id, got the file {reference}")
     repo_id = _repo_id_or_missing_folder(str(reference))
-    config_path = _download(repo_id, "config.json", revision, token)
+    try:
+        config_path = _download(repo_id, "config.json", revision, token)
+    except HubError as error:  # the user may have meant a folder: say both
+        raise HubError(f"--model {reference}: no such folder here, and as a Hub repo: {error}") from error
     check_config(config_path, repo_id)
     _download(repo_id, "model.safetensors", revision, token)
     return config_path.parent
@@ -255,12 +258,16 @@ def onnx_files(model_dir: Path) -> list[str]:
 
 
 def _export_onnx(model_dir: Path) -> None:
+    """model.onnx and its report, written into the model dir by the export package."""
     try:
-        from export import export_onnx
+        from export import VerificationError, export_onnx
     except ImportError:
         raise HubError(f"--with-onnx: {model_dir} has no model.onnx and the export package is not installed; "
                        f"run `python -m export --model {model_dir} --out {model_dir / 'model.onnx'}`") from None
-    export_onnx(model_dir, model_dir / "model.onnx")
+    try:
+        export_onnx(model_dir, model_dir / "model.onnx")
+    except VerificationError as error:
+        raise HubError(f"--with-onnx: the exported model.onnx failed verification, nothing pushed: {error}") from error
 
 
 def _card_to_push(api: HfApi, model_dir: Path, repo_id: str, branch: str, onnx: bool,
