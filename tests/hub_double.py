@@ -5,7 +5,8 @@ file (HEAD/GET .../resolve/...) and create a commit:
 
     POST /api/repos/create                            -> 200, or 409 when the repo exists
     POST /api/models/{repo}/branch/{branch}           -> 200, or 409 when the branch exists
-    GET  /api/models/{repo}                           -> minimal repo info
+    GET  /api/models/{repo}[/revision/{revision}]     -> minimal repo info (file list)
+    GET  /api/models/{repo}/tree/{revision}           -> every file, one page (snapshot_download)
     HEAD|GET /{repo}/resolve/{revision}/{path}        -> file, X-Repo-Commit and ETag headers
     POST /api/validate-yaml                           -> the README's front matter must parse
     POST /api/models/{repo}/preupload/{revision}      -> uploadMode "regular" for every file,
@@ -35,6 +36,8 @@ ROUTES = [  # (method, pattern, handler name)
     ("POST", r"/api/repos/create", "create_repo"),
     ("POST", rf"/api/models/{REPO}/branch/(?P<branch>[^/]+)", "create_branch"),
     ("GET", rf"/api/models/{REPO}", "repo_info"),
+    ("GET", rf"/api/models/{REPO}/revision/(?P<revision>[^/]+)", "repo_info"),
+    ("GET", rf"/api/models/{REPO}/tree/(?P<revision>[^/]+)", "tree"),
     ("HEAD", rf"/{REPO}/resolve/(?P<revision>[^/]+)/(?P<path>.+)", "resolve"),
     ("GET", rf"/{REPO}/resolve/(?P<revision>[^/]+)/(?P<path>.+)", "resolve"),
     ("POST", r"/api/validate-yaml", "validate_yaml"),
@@ -158,11 +161,12 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _branch(self, repo: str, revision: str) -> Branch | None:
-        """The branch, or None after answering 404 as the Hub does."""
+        """The branch named `revision` or whose head commit it is, or None after answering 404."""
         if repo not in self.hub.repos or (self.hub.repos[repo].private and not self._has_token()):
             self._error(404, "RepoNotFound", "Repository not found")
             return None
-        branch = self.hub.repos[repo].branches.get(revision)
+        branches = self.hub.repos[repo].branches
+        branch = branches.get(revision) or next((b for b in branches.values() if b.oid == revision), None)
         if branch is None:
             self._error(404, "RevisionNotFound", "Invalid rev id")
         return branch
@@ -195,11 +199,18 @@ class _Handler(BaseHTTPRequestHandler):
         branches[branch] = Branch(files=dict(branches["main"].files), oid=branches["main"].oid)
         self._reply(200, {})
 
-    def repo_info(self, repo: str) -> None:
-        main = self._branch(repo, "main")
-        if main is not None:
-            self._reply(200, {"id": repo, "sha": main.oid, "private": self.hub.repos[repo].private,
-                              "siblings": [{"rfilename": name} for name in sorted(main.files)]})
+    def repo_info(self, repo: str, revision: str = "main") -> None:
+        branch = self._branch(repo, revision)
+        if branch is not None:
+            self._reply(200, {"id": repo, "sha": branch.oid, "private": self.hub.repos[repo].private,
+                              "siblings": [{"rfilename": name} for name in sorted(branch.files)]})
+
+    def tree(self, repo: str, revision: str) -> None:
+        branch = self._branch(repo, revision)
+        if branch is not None:
+            entries = [{"type": "file", "path": name, "size": len(content), "oid": hashlib.sha1(content).hexdigest()}
+                       for name, content in sorted(branch.files.items())]
+            self._reply(200, body=json.dumps(entries).encode())
 
     def resolve(self, repo: str, revision: str, path: str) -> None:
         branch = self._branch(repo, revision)

@@ -218,6 +218,15 @@ def test_push_to_a_branch_creates_it_and_leaves_main_alone(hub, model_dir):
     assert load_model(REPO, revision="experiment").config.labels == TINY["labels"]
 
 
+def test_a_private_repo_loads_with_a_token_only(hub, model_dir, tmp_path):
+    push_to_hub(model_dir, REPO, token=TOKEN, private=True)
+    with one_line_error(r"no model repo org/name on .*a private repo needs a token"):
+        load_model(REPO)
+    assert logits_of(load_model(REPO, token=TOKEN)) == logits_of(load_model(model_dir))
+    assert main(["pull", REPO, "--out", str(tmp_path / "pulled"), "--token", TOKEN]) == 0
+    assert (tmp_path / "pulled" / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+
+
 def test_push_errors_are_one_clear_line(hub, model_dir, tmp_path, monkeypatch):
     with one_line_error(r"push needs a Hugging Face token .*HF_TOKEN"):
         push_to_hub(model_dir, REPO)
