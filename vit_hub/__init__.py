@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "PRESETS": "config", "ViTConfig": "config", "VisionTransformer": "model",
-    "load_model": "hub", "predict_images": "predict",
+    "load_model": "hub", "push_to_hub": "hub", "pull": "hub", "predict_images": "predict",
 }
 __all__ = list(_LAZY)
 
