@@ -1,0 +1,28 @@
+"""export: vit_hub models as ONNX graphs, run with ONNX Runtime.
+
+    python -m export --model models/vit-mnist --out models/vit-mnist/model.onnx --attentions
+
+    from export import OnnxClassifier          # torch-free
+    classifier = OnnxClassifier("models/vit-mnist/model.onnx")
+    classifier.predict("digit.png", top_k=3)
+
+Importing the package is light: `OnnxClassifier` needs only onnxruntime, NumPy and PIL;
+the exporting names (which need torch) load on first use.
+"""
+
+from importlib import import_module
+
+_LAZY = {
+    "OnnxClassifier": "runtime", "ProviderFallbackError": "runtime",
+    "ExportLayout": "layout",
+    "export_onnx": "pipeline",
+    "VerificationError": "verify",
+    "quantize_int8": "quantize",
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'export' has no attribute {name!r}")

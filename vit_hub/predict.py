@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .model import VisionTransformer
+from .postprocess import top_k
 from .preprocess import ImageInput, preprocess_batch
-
-
-def top_k(probabilities: np.ndarray, labels: list[str], k: int) -> list[list[tuple[str, float]]]:
-    """[B, classes] probabilities -> per image the k (label, probability) pairs, best first."""
-    if k < 1:
-        raise ValueError(f"top_k: expected a positive int, got {k}")
-    k = min(k, probabilities.shape[1])
-    order = np.argsort(-probabilities, axis=1)[:, :k]
-    return [[(labels[i], float(row[i])) for i in picks] for row, picks in zip(probabilities, order)]
 
 
 @torch.no_grad()

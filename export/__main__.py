@@ -1,0 +1,80 @@
+"""`python -m export --model DIR|REPO_ID --out PATH [--opset N] [--attentions]
+[--quantize int8] [--calib-data D]`: export, verify, report. Thin: parse, call, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
+from .layout import ExportLayout
+from .quantize import QUANTIZATIONS
+
+# Errors a user can cause; printed as one line, never as a traceback.
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m export", description=(
+        "Export a vit_hub model to ONNX, verify it against torch and write a report beside it."))
+    parser.add_argument("--model", required=True, help="model dir (config.json + model.safetensors) or Hub repo id")
+    parser.add_argument("--out", required=True, help="folder (gets model.onnx) or a path ending in .onnx")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})")
+    parser.add_argument("--attentions", action="store_true",
+                        help="also write <stem>_attentions.onnx with an attentions output (for rollout)")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, help="also write <stem>_int8.onnx (dynamic quantization)")
+    parser.add_argument("--calib-data", metavar="D",
+                        help="images for real-input parity and int8 accuracy: a folder, mnist or a torchvision "
+                             "name (default: the bundled MNIST test split)")
+    parser.add_argument("--data-root", help="where torchvision datasets named by --calib-data live")
+    parser.add_argument("--eval-limit", type=int, metavar="N", help="measure int8 accuracy on the first N images")
+    parser.add_argument("--exporter", choices=EXPORTERS, default=DEFAULT_EXPORTER,
+                        help=f"torch exporter (default {DEFAULT_EXPORTER}: its graph runs faster here)")
+    return parser
+
+
+def summary(report: dict) -> list[str]:
+    """One line per graph (and one for int8 accuracy and speed)."""
+    lines = []
+    for name, graph in report["graphs"].items():
+        worst = {key: max(row[key] for row in graph["parity"]) for key in graph.get("parity", [{}])[0]
+                 if key.endswith("_max_abs_diff")}
+        shown = ", ".join(f"{key.removesuffix('_max_abs_diff')} max|diff| {value:.1e}" for key, value in worst.items())
+        lines.append(f"{name}: {graph['bytes'] / 1e6:.2f} MB, opset {graph['opset']}, checker passed"
+                     + (f", {shown}" if shown else ""))
+    quantization = report.get("quantization")
+    if quantization:
+        accuracy, speed = quantization["accuracy"], quantization["speed"]["per_call"]
+        speedups = ", ".join(f"batch {row['batch']} {row['speedup']:.2f}x" for row in speed)
+        lines.append(f"int8: accuracy {accuracy['accuracy_fp32']:.2f}% -> {accuracy['accuracy_int8']:.2f}% "
+                     f"on {accuracy['n']} images ({accuracy['data']}); speed vs fp32: {speedups}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .pipeline import export_onnx  # torch loads here, after the arguments parsed
+    from .verify import VerificationError
+
+    try:
+        path = export_onnx(args.model, args.out, opset=args.opset, attentions=args.attentions,
+                           exporter=args.exporter, quantize=args.quantize, calib_data=args.calib_data,
+                           data_root=args.data_root, eval_limit=args.eval_limit)
+    except KeyboardInterrupt:
+        return 130
+    except VerificationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    layout = ExportLayout.for_model(path)
+    for line in summary(json.loads(layout.report.read_text())):
+        print(line)
+    print(f"wrote {layout.folder}/: {path.name}, config.json, {layout.report.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

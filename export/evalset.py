@@ -1,0 +1,61 @@
+"""Images an export is checked on: real inputs for parity and labelled batches for the
+accuracy of a quantized graph. Any `--data` the core accepts (a folder, `mnist`, a
+torchvision name) works; images are preprocessed exactly as the model's config says."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+from torch.utils.data import Dataset, Subset
+
+from vit_hub import data as vdata
+from vit_hub.config import ViTConfig
+
+# Below this many images a worker process costs more to start than it saves.
+WORKER_THRESHOLD = 2000
+
+
+@dataclasses.dataclass
+class EvalSet:
+    dataset: Dataset  # (float tensor [C, H, W], class index)
+    labels: list[str]
+    description: str  # e.g. "mnist (bundled), test split"
+
+
+def load_eval_set(data: str, config: ViTConfig, data_root: str | None = None) -> EvalSet:
+    """The test split of `data` (the validation split when it has no test split)."""
+    splits = vdata.load_splits(data, data_root)
+    name = "test" if splits.test is not None else "val"
+    dataset = vdata.Transformed(splits.split(name), vdata.EvalTransform(config))
+    return EvalSet(dataset, splits.labels, f"{splits.source}, {name} split")
+
+
+def check_labels(eval_set: EvalSet, config: ViTConfig) -> None:
+    """Accuracy only means something when the data's classes are the model's."""
+    if eval_set.labels != config.labels:
+        raise ValueError(
+            f"the labels of {eval_set.description} {eval_set.labels[:10]} do not match the model's "
+            f"{config.labels[:10]}; pass --calib-data with the data the model was trained on"
+        )
+
+
+def batches(eval_set: EvalSet, batch_size: int, limit: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(pixels float32 [B, C, H, W], labels int64 [B]) over the first `limit` images (all by default)."""
+    dataset = eval_set.dataset
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"--eval-limit: expected a positive number of images, got {limit}")
+        dataset = Subset(dataset, range(min(limit, len(dataset))))
+    workers = vdata.default_workers() if len(dataset) > WORKER_THRESHOLD else 0
+    loader = vdata.make_loader(dataset, batch_size, shuffle=False, seed=0, num_workers=workers, pin_memory=False)
+    for pixels, labels in loader:
+        yield pixels.numpy(), labels.numpy()
+
+
+def first_images(eval_set: EvalSet, count: int) -> np.ndarray:
+    """The first `count` images, float32 [count, C, H, W] (fewer if the split is smaller)."""
+    loader = vdata.make_loader(eval_set.dataset, count, shuffle=False, seed=0, num_workers=0, pin_memory=False)
+    pixels, _ = next(iter(loader))
+    return pixels.numpy()

@@ -1,0 +1,132 @@
+"""torch model -> one self-contained ONNX graph file.
+
+Two graphs can be written from the same model:
+  * logits only: `pixel_values [batch, C, H, W] -> logits [batch, classes]`, traced through
+    the fused attention path, so a classifier never pays for attention weights;
+  * with attentions: `-> logits, attentions [depth, batch, heads, T, T]` for rollout.
+
+Exporters (chosen explicitly; see BENCHMARKS.md for the numbers behind the default):
+  * "torchscript" (`dynamo=False`, the default here): its graph ran faster in ONNX Runtime
+    on this CPU (onnxruntime fuses its MatMul + Add + Gelu into BiasGelu);
+  * "dynamo" (`torch.export`): `dynamic_shapes` for the batch, weights kept inside the file
+    (`external_data=False`) instead of a separate `model.onnx.data`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from .runtime import ATTENTIONS, INPUT, LOGITS
+
+EXPORTERS = ("torchscript", "dynamo")
+DEFAULT_EXPORTER = "torchscript"
+DEFAULT_OPSET = 18
+# Opsets each exporter can write in torch 2.14 (LayerNormalization needs 17, onnxscript 18).
+OPSETS = {"torchscript": range(17, 21), "dynamo": range(18, 24)}
+# A protobuf file cannot exceed 2 GB; beyond that weights must live in external data.
+MAX_SELF_CONTAINED_BYTES = 2**31 - 1
+
+
+class WithAttentions(nn.Module):
+    """The model with `output_attentions=True` fixed: forward returns (logits, attentions)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor):
+        return self.model(pixel_values, output_attentions=True)
+
+
+def check_export_options(exporter: str, opset: int) -> None:
+    if exporter not in EXPORTERS:
+        raise ValueError(f"--exporter: expected one of {', '.join(EXPORTERS)}, got {exporter!r}")
+    supported = OPSETS[exporter]
+    if opset not in supported:
+        raise ValueError(
+            f"--opset: the {exporter} exporter writes opsets {supported.start}-{supported.stop - 1}, got {opset}"
+        )
+
+
+def _check_size(model: nn.Module) -> None:
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    if size > MAX_SELF_CONTAINED_BYTES:
+        raise ValueError(
+            f"the model's weights take {size / 2**30:.1f} GB; one self-contained .onnx file holds at most 2 GB"
+        )
+
+
+def write_graph(model: nn.Module, path: Path, *, attentions: bool, opset: int = DEFAULT_OPSET,
+                exporter: str = DEFAULT_EXPORTER) -> Path:
+    """Export `model` (put in eval mode) to `path`; returns `path`."""
+    check_export_options(exporter, opset)
+    _check_size(model)
+    model.eval()
+    config = model.config
+    module = WithAttentions(model).eval() if attentions else model
+    outputs = [LOGITS, ATTENTIONS] if attentions else [LOGITS]
+    # Batch 2, not 1: torch.export would specialise a batch of 1 into a constant.
+    example = torch.zeros(2, config.in_channels, *config.image_size)  # [2, C, H, W]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        if exporter == "torchscript":
+            _export_torchscript(module, example, path, outputs, opset)
+        else:
+            _export_dynamo(module, example, path, outputs, opset)
+    return path
+
+
+def _export_torchscript(module: nn.Module, example: torch.Tensor, path: Path, outputs: list[str],
+                        opset: int) -> None:
+    batch_axes = {INPUT: {0: "batch"}, LOGITS: {0: "batch"}, ATTENTIONS: {1: "batch"}}
+    with warnings.catch_warnings():
+        # The input checks in forward() compare shapes; in a fixed-size graph they are constants.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # The legacy exporter announces its own deprecation, and that it cannot fold strided slices.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message="Constant folding - Only steps=1", category=UserWarning)
+        torch.onnx.export(
+            module, (example,), str(path), dynamo=False, opset_version=opset,
+            input_names=[INPUT], output_names=outputs,
+            dynamic_axes={name: batch_axes[name] for name in [INPUT, *outputs]},
+        )
+    _cast_bool_eye_like(path)
+
+
+def _cast_bool_eye_like(path: Path) -> None:
+    """ONNX Runtime has no boolean EyeLike kernel, and locality attention's self-mask is
+    `~torch.eye(T, dtype=bool)`: build that identity in float between two casts."""
+    model = onnx.load(str(path))
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    nodes = model.graph.node
+    bool_eyes = [node for node in nodes if node.op_type == "EyeLike" and types.get(node.output[0]) == onnx.TensorProto.BOOL]
+    for node in bool_eyes:
+        source, mask = node.input[0], node.output[0]
+        node.input[0], node.output[0] = f"{source}_float", f"{mask}_float"
+        kept = [attribute for attribute in node.attribute if attribute.name != "dtype"]  # keeps k
+        del node.attribute[:]
+        node.attribute.extend(kept)  # without dtype the output takes the (now float) input type
+        to_float = onnx.helper.make_node("Cast", [source], [node.input[0]], to=onnx.TensorProto.FLOAT,
+                                         name=f"{node.name}_from_bool")
+        to_bool = onnx.helper.make_node("Cast", [node.output[0]], [mask], to=onnx.TensorProto.BOOL,
+                                        name=f"{node.name}_to_bool")
+        position = list(nodes).index(node)
+        nodes.insert(position + 1, to_bool)  # the order stays topological
+        nodes.insert(position, to_float)
+    if bool_eyes:
+        onnx.save(model, str(path))
+
+
+def _export_dynamo(module: nn.Module, example: torch.Tensor, path: Path, outputs: list[str],
+                   opset: int) -> None:
+    batch = torch.export.Dim("batch", min=1)
+    torch.onnx.export(
+        module, (example,), str(path), dynamo=True, opset_version=opset, external_data=False,
+        input_names=[INPUT], output_names=outputs, dynamic_shapes={"pixel_values": {0: batch}}, verbose=False,
+    )

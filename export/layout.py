@@ -1,0 +1,63 @@
+"""Where an export puts its files. Torch-free: the runtime reads the same layout.
+
+`--out models/vit-mnist/model.onnx` (or just the folder `models/vit-mnist`) gives
+
+    model.onnx                 logits only: what a classifier runs
+    model_attentions.onnx      logits and attentions (with --attentions), for rollout
+    model_int8.onnx            int8 dynamic quantization of model.onnx (with --quantize int8)
+    model_export_report.json   verification, parity, quantization accuracy and speed
+    config.json                preprocessing and labels (shared by every graph in the folder)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+DEFAULT_STEM = "model"
+ATTENTIONS_SUFFIX = "_attentions"
+INT8_SUFFIX = "_int8"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportLayout:
+    folder: Path
+    stem: str
+
+    @classmethod
+    def for_output(cls, out: str | Path) -> "ExportLayout":
+        """`--out`: a path ending in .onnx names the logits graph; anything else is a folder."""
+        out = Path(out)
+        if out.suffix == ".onnx":
+            return cls(out.parent, out.stem)
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError(f"--out: expected a folder or a path ending in .onnx, got the file {out}")
+        return cls(out, DEFAULT_STEM)
+
+    @classmethod
+    def for_model(cls, model_path: str | Path) -> "ExportLayout":
+        """The layout a graph belongs to: the folder holding it (`model.onnx` inside a folder)."""
+        model_path = Path(model_path)
+        if model_path.is_dir():
+            return cls(model_path, DEFAULT_STEM)
+        return cls(model_path.parent, model_path.stem)
+
+    @property
+    def logits(self) -> Path:
+        return self.folder / f"{self.stem}.onnx"
+
+    @property
+    def attentions(self) -> Path:
+        return self.folder / f"{self.stem}{ATTENTIONS_SUFFIX}.onnx"
+
+    @property
+    def int8(self) -> Path:
+        return self.folder / f"{self.stem}{INT8_SUFFIX}.onnx"
+
+    @property
+    def report(self) -> Path:
+        return self.folder / f"{self.stem}_export_report.json"
+
+    @property
+    def config(self) -> Path:
+        return self.folder / "config.json"

@@ -1,0 +1,279 @@
+"""Run an exported vit_hub model with ONNX Runtime. This module never imports torch.
+
+    classifier = OnnxClassifier("models/vit-mnist/model.onnx")   # config.json beside it
+    classifier.providers                  # e.g. ['CPUExecutionProvider']
+    classifier.predict("digit.png", top_k=3)                   # [(label, probability), ...]
+    logits = classifier.run(pixel_values)                      # [B, classes]
+    logits, attentions = classifier.run(pixel_values, attentions=True)
+    # attentions [depth, B, heads, T, T] come from model_attentions.onnx (export --attentions)
+
+Providers: "auto" uses CUDA when this onnxruntime build has it and it starts, else the CPU;
+"cuda" asks for CUDA and warns once if it falls back; "cpu"; or an onnxruntime provider
+list. With a provider asked for by name, `strict=True` raises instead of falling back. On CUDA the input is bound once and the
+outputs are allocated on the device (IO binding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from vit_hub.config import ViTConfig
+from vit_hub.postprocess import softmax
+from vit_hub.postprocess import top_k as rank_top_k
+from vit_hub.preprocess import ImageInput, preprocess_batch
+
+from .layout import ExportLayout
+
+logger = logging.getLogger(__name__)
+
+INPUT = "pixel_values"
+LOGITS = "logits"
+ATTENTIONS = "attentions"
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+# HEURISTIC picks convolution algorithms without benchmarking them at start-up.
+CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC"}
+ORT_DEFAULT_LOG_SEVERITY = 2  # warning; onnxruntime offers no getter to save and restore it
+
+
+class ProviderFallbackError(RuntimeError):
+    """The requested execution provider could not be used and `strict=True` was given."""
+
+
+def _provider_name(provider: str | tuple[str, dict]) -> str:
+    return provider[0] if isinstance(provider, tuple) else provider
+
+
+def requested_providers(providers: str | Sequence[Any]) -> tuple[list[Any], bool]:
+    """("auto" | "cpu" | "cuda" | onnxruntime provider list) -> (provider list, explicit).
+
+    `explicit` is False for "auto": falling back from CUDA there is expected, not warned about.
+    """
+    if providers == "auto":
+        if CUDA in ort.get_available_providers():
+            return [(CUDA, dict(CUDA_OPTIONS)), CPU], False
+        return [CPU], False
+    if providers == "cpu":
+        return [CPU], True
+    if providers == "cuda":
+        return [(CUDA, dict(CUDA_OPTIONS)), CPU], True
+    if isinstance(providers, (list, tuple)) and providers and not isinstance(providers, str):
+        return list(providers), True
+    raise ValueError(f"providers: expected 'auto', 'cpu', 'cuda' or a list of onnxruntime providers, got {providers!r}")
+
+
+def _nvidia_driver_loads() -> bool:
+    """Whether the CUDA driver library can be loaded (without it CUDA cannot start)."""
+    library = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    if sys.platform == "darwin":
+        return False
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return False
+    return True
+
+
+def cuda_unavailable_reason() -> str:
+    """Why the CUDA provider did not start, as far as can be told without onnxruntime's log."""
+    if CUDA not in ort.get_available_providers():
+        return "this onnxruntime build has no CUDA provider (install onnxruntime-gpu, and not onnxruntime beside it)"
+    if not _nvidia_driver_loads():
+        return "no NVIDIA driver on this machine (libcuda could not be loaded)"
+    return ("the CUDA 13 / cuDNN 9 libraries or a supported GPU are missing "
+            "(onnxruntime.set_default_logger_severity(0) shows its own log)")
+
+
+@contextlib.contextmanager
+def _quiet_onnxruntime():
+    """Silence onnxruntime's own error and warning lines while CUDA is tried: the classifier
+    reports a fallback once, itself."""
+    ort.set_default_logger_severity(4)
+    try:
+        yield
+    finally:
+        ort.set_default_logger_severity(ORT_DEFAULT_LOG_SEVERITY)
+
+
+def create_session(path: Path, providers: list[Any], threads: int | None = None) -> ort.InferenceSession:
+    """An inference session on the first provider that starts (onnxruntime's own fallback)."""
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    if _provider_name(providers[0]) != CUDA:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    if not _nvidia_driver_loads():  # CUDA cannot start: skip the slow, noisy attempt
+        return ort.InferenceSession(str(path), options, providers=providers[1:] or [CPU])
+    with contextlib.suppress(OSError):  # CUDA/cuDNN from the nvidia-* wheels, as torch would load them
+        ort.preload_dlls()
+    with _quiet_onnxruntime():
+        return ort.InferenceSession(str(path), options, providers=providers)
+
+
+class OnnxClassifier:
+    """An exported model (`model.onnx` + `config.json`) behind a small classification API.
+
+    Args:
+        model_path: the .onnx file, or a folder holding model.onnx.
+        config_path: the model's config.json; default: config.json beside the model.
+        providers: "auto", "cpu", "cuda" or an onnxruntime provider list (see module docstring).
+        strict: raise ProviderFallbackError instead of falling back from a provider asked
+            for by name ("cuda" or a list); "auto" takes whatever starts.
+        threads: onnxruntime intra-op threads (default: onnxruntime's choice, one per core).
+        io_binding: bind inputs/outputs to the device; default: on when CUDA runs the model.
+    """
+
+    def __init__(self, model_path: str | Path, config_path: str | Path | None = None,
+                 providers: str | Sequence[Any] = "auto", strict: bool = False,
+                 threads: int | None = None, io_binding: bool | None = None):
+        self.layout = ExportLayout.for_model(model_path)
+        self.model_path = self.layout.logits
+        if not self.model_path.is_file():
+            raise FileNotFoundError(
+                f"expected an ONNX model at {self.model_path}, found nothing "
+                f"(export one with: python -m export --model MODEL_DIR --out {self.model_path})"
+            )
+        self.config = ViTConfig.from_json(config_path or self.layout.config)
+        wanted, explicit = requested_providers(providers)
+        self._threads = threads
+        self.session = create_session(self.model_path, wanted, threads)
+        self._providers = self._check_fallback(wanted, explicit, strict)
+        self._device = "cuda" if self.providers[0] == CUDA else "cpu"
+        self._io_binding = self._device == "cuda" if io_binding is None else io_binding
+        self._check_graph(self.session, self.model_path)
+        self._attentions: ort.InferenceSession | None = None
+        self._attentions_lock = threading.Lock()
+
+    # Providers ---------------------------------------------------------------------
+    @property
+    def providers(self) -> list[str]:
+        """The execution providers the session runs on, in priority order (`session.get_providers()`)."""
+        return self.session.get_providers()
+
+    def _check_fallback(self, wanted: list[Any], explicit: bool, strict: bool) -> list[Any]:
+        """Report a fallback (warning if the provider was asked for by name, error if strict);
+        returns the providers later sessions should use."""
+        first, active = _provider_name(wanted[0]), self.providers[0]
+        if first == active:
+            return wanted
+        reason = cuda_unavailable_reason() if first == CUDA else "it could not be created"
+        message = f"{first} was requested but {reason}; running on {active} instead"
+        if not explicit:  # "auto" asked for the best available provider and got it
+            logger.info(message)
+        elif strict:
+            raise ProviderFallbackError(message)
+        else:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return self.providers
+
+    # Graphs ------------------------------------------------------------------------
+    def _check_graph(self, session: ort.InferenceSession, path: Path) -> None:
+        """The graph takes pixel_values of the config's channels and size and returns logits."""
+        inputs, outputs = session.get_inputs(), [output.name for output in session.get_outputs()]
+        if len(inputs) != 1 or inputs[0].name != INPUT or LOGITS not in outputs:
+            raise ValueError(
+                f"{path} is not a vit_hub export: expected input {INPUT!r} and output {LOGITS!r}, "
+                f"got inputs {[i.name for i in inputs]} and outputs {outputs}"
+            )
+        graph_shape = list(inputs[0].shape[1:])  # [C, H, W]; the batch axis is symbolic
+        config_shape = [self.config.in_channels, *self.config.image_size]
+        if graph_shape != config_shape:
+            raise ValueError(f"{path} takes images of shape {graph_shape} but its config says {config_shape}")
+
+    @property
+    def has_attentions(self) -> bool:
+        """Whether run(..., attentions=True) can work (an attentions graph was exported)."""
+        return self._outputs_attentions(self.session) or self.layout.attentions.is_file()
+
+    @staticmethod
+    def _outputs_attentions(session: ort.InferenceSession) -> bool:
+        return ATTENTIONS in [output.name for output in session.get_outputs()]
+
+    def _attentions_session(self) -> ort.InferenceSession:
+        """The graph with an attentions output, loaded on first use."""
+        if self._outputs_attentions(self.session):
+            return self.session
+        with self._attentions_lock:
+            if self._attentions is None:
+                path = self.layout.attentions
+                if not path.is_file():
+                    raise ValueError(
+                        f"attentions were asked for but {path} does not exist; "
+                        f"export it with: python -m export --model MODEL_DIR --out {self.model_path} --attentions"
+                    )
+                session = create_session(path, self._providers, self._threads)
+                self._check_graph(session, path)
+                self._attentions = session
+        return self._attentions
+
+    # Inference ---------------------------------------------------------------------
+    def check_pixel_values(self, pixel_values: Any) -> np.ndarray:
+        """Raise ValueError/TypeError naming expected vs got; returns contiguous float32 [B, C, H, W]."""
+        channels, (height, width) = self.config.in_channels, self.config.image_size
+        expected = f"[batch, {channels}, {height}, {width}]"
+        if not isinstance(pixel_values, np.ndarray):
+            raise TypeError(f"expected pixel_values as a NumPy array {expected}, got {type(pixel_values).__name__} "
+                            f"(for images, use predict() or preprocess())")
+        if pixel_values.ndim != 4:
+            raise ValueError(f"expected pixel_values of rank 4 {expected}, got rank {pixel_values.ndim} "
+                             f"with shape {list(pixel_values.shape)} (for images, use predict() or preprocess())")
+        if not np.issubdtype(pixel_values.dtype, np.floating):
+            raise ValueError(f"expected float pixel_values (normalised by preprocess()), got dtype {pixel_values.dtype}")
+        batch, got_channels, got_height, got_width = pixel_values.shape
+        if batch == 0:
+            raise ValueError(f"expected at least one image in pixel_values {expected}, got batch size 0")
+        if got_channels != channels:
+            raise ValueError(f"expected {channels} input channels {expected}, got {got_channels}")
+        if (got_height, got_width) != (height, width):
+            raise ValueError(f"expected images of {height}x{width} pixels {expected}, got {got_height}x{got_width}")
+        return np.ascontiguousarray(pixel_values, dtype=np.float32)
+
+    def run(self, pixel_values: np.ndarray, attentions: bool = False):
+        """float32 [B, C, H, W] -> logits [B, classes]; with attentions=True, (logits,
+        attentions [depth, B, heads, T, T]) from the attentions graph. NumPy in, NumPy out."""
+        pixels = self.check_pixel_values(pixel_values)
+        if not attentions:
+            return self._run(self.session, [LOGITS], pixels)[0]
+        logits, weights = self._run(self._attentions_session(), [LOGITS, ATTENTIONS], pixels)
+        return logits, weights
+
+    def _run(self, session: ort.InferenceSession, outputs: list[str], pixels: np.ndarray) -> list[np.ndarray]:
+        if not self._io_binding:
+            return session.run(outputs, {INPUT: pixels})
+        binding = session.io_binding()
+        binding.bind_cpu_input(INPUT, pixels)  # copied to the device once
+        for name in outputs:
+            binding.bind_output(name, self._device)  # allocated on the device by onnxruntime
+        session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
+
+    def preprocess(self, images: Sequence[ImageInput]) -> np.ndarray:
+        """Images (paths, PIL images, arrays) -> float32 [B, C, H, W] as the config says."""
+        return preprocess_batch(list(images), self.config)
+
+    def predict(self, images: ImageInput | Sequence[ImageInput], top_k: int = 5, batch_size: int = 64):
+        """Top-k (label, probability) pairs, best first: a list for one image, a list of
+        such lists for a list of images."""
+        single = not isinstance(images, (list, tuple))
+        images = [images] if single else list(images)
+        if not images:
+            raise ValueError("expected at least one image, got an empty list")
+        ranked = []
+        for start in range(0, len(images), batch_size):
+            logits = self.run(self.preprocess(images[start:start + batch_size]))
+            ranked += rank_top_k(softmax(logits), self.config.labels, top_k)
+        return ranked[0] if single else ranked
+
+    def __repr__(self) -> str:
+        return f"OnnxClassifier({str(self.model_path)!r}, providers={self.providers})"
+

@@ -1,0 +1,397 @@
+"""ONNX export and the torch-free ONNX Runtime classifier (issue 3). Offline, CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from PIL import Image
+
+from conftest import tiny_config
+from export import OnnxClassifier, ProviderFallbackError, VerificationError, export_onnx
+from export.__main__ import main as cli_main
+from export.layout import ExportLayout
+from export.runtime import CPU, CUDA
+from export.verify import check_file
+from vit_hub.config import ViTConfig
+from vit_hub.model import VisionTransformer
+from vit_hub.postprocess import softmax, top_k
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED_MODEL = REPO / "models" / "vit-mnist"
+
+
+def randomized(model: VisionTransformer, seed: int = 0) -> VisionTransformer:
+    """Non-zero head weights, so logits differ between images (the ViT init zeroes the head)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=generator) * 0.5)
+        model.head.bias.copy_(torch.randn(model.head.bias.shape, generator=generator) * 0.1)
+    return model.eval()
+
+
+def pixels_for(config: ViTConfig, batch: int, seed: int = 0) -> np.ndarray:
+    shape = (batch, config.in_channels, *config.image_size)  # [B, C, H, W]
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def torch_outputs(model: VisionTransformer, pixels: np.ndarray, attentions: bool = False):
+    with torch.inference_mode():
+        result = model(torch.from_numpy(pixels), output_attentions=attentions)
+    return tuple(t.numpy() for t in result) if attentions else result.numpy()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny RGB model dir (16x16, dim 16, depth 2) and the model itself."""
+    model = randomized(VisionTransformer(**tiny_config()))
+    folder = tmp_path_factory.mktemp("tiny_model")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def exported(tiny, tmp_path_factory) -> Path:
+    """The tiny model exported with its attentions graph; returns the logits graph path."""
+    folder, _ = tiny
+    return export_onnx(folder, tmp_path_factory.mktemp("onnx") / "model.onnx", attentions=True)
+
+
+@pytest.fixture(scope="module")
+def classifier(exported) -> OnnxClassifier:
+    return OnnxClassifier(exported, providers="cpu")
+
+
+# Export and verification ---------------------------------------------------------------
+def test_export_writes_self_contained_verified_graphs_and_the_config(exported, tiny):
+    folder = exported.parent
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "config.json", "model.onnx", "model_attentions.onnx", "model_export_report.json"]
+    assert ViTConfig.from_json(folder / "config.json") == tiny[1].config
+    report = json.loads((folder / "model_export_report.json").read_text())
+    assert report["exporter"] == "torchscript" and report["opset"] == 18
+    for name, outputs in [("model.onnx", ["logits"]), ("model_attentions.onnx", ["logits", "attentions"])]:
+        graph = report["graphs"][name]
+        assert graph["passed"] and graph["checker"] == "passed" and graph["self_contained"]
+        assert onnx.load(str(folder / name)).opset_import[0].version == 18
+        assert graph["inputs"]["pixel_values"] == ["batch", 3, 16, 16]
+        assert list(graph["outputs"]) == outputs
+        assert {(row["input"], row["batch"]) for row in graph["parity"]} == {
+            ("random", 1), ("random", 7), ("real", 1), ("real", 7)}
+        assert all(row["logits_max_abs_diff"] <= 1e-4 for row in graph["parity"])
+    assert all(row["attentions_max_abs_diff"] <= 1e-5 for row in report["graphs"]["model_attentions.onnx"]["parity"])
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_logits_match_torch_at_two_batch_sizes(classifier, tiny, batch):
+    pixels = pixels_for(tiny[1].config, batch, seed=batch)
+    logits = classifier.run(pixels)
+    assert logits.shape == (batch, 2)
+    np.testing.assert_allclose(logits, torch_outputs(tiny[1], pixels), atol=1e-4, rtol=0)
+
+
+def test_attentions_equal_torch_output_attentions(classifier, tiny):
+    pixels = pixels_for(tiny[1].config, 3, seed=1)
+    logits, attentions = classifier.run(pixels, attentions=True)
+    torch_logits, torch_attentions = torch_outputs(tiny[1], pixels, attentions=True)
+    assert attentions.shape == (2, 3, 2, 17, 17)  # [depth, B, heads, T, T]
+    np.testing.assert_allclose(attentions, torch_attentions, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(logits, torch_logits, atol=1e-4, rtol=0)
+
+
+def test_logits_graph_carries_no_attention_output(exported, classifier):
+    assert [output.name for output in classifier.session.get_outputs()] == ["logits"]
+    assert [output.name for output in onnx.load(str(exported)).graph.output] == ["logits"]
+    assert classifier.has_attentions  # from model_attentions.onnx beside it
+
+
+def test_non_square_small_data_model_exports_with_parity(tmp_path):
+    """Shifted patches, locality attention (masked), sin-cos positions, mean pooling, 16x24."""
+    model = randomized(VisionTransformer(**tiny_config(
+        image_size=[16, 24], patch_embedding="shifted", locality_attention=True, pos_embedding="sincos",
+        pooling="mean")))
+    path = export_onnx(model, tmp_path / "small.onnx", attentions=True)
+    classifier = OnnxClassifier(path, providers="cpu")
+    pixels = pixels_for(model.config, 4)
+    logits, attentions = classifier.run(pixels, attentions=True)
+    torch_logits, torch_attentions = torch_outputs(model, pixels, attentions=True)
+    np.testing.assert_allclose(logits, torch_logits, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(attentions, torch_attentions, atol=1e-5, rtol=0)
+    assert np.all(np.diagonal(attentions, axis1=-2, axis2=-1) == 0)  # no token attends to itself
+
+
+def test_dynamo_exporter_writes_one_file_with_a_dynamic_batch(tiny, tmp_path):
+    path = export_onnx(tiny[1], tmp_path / "dynamo.onnx", exporter="dynamo")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "dynamo.onnx", "dynamo_export_report.json"]
+    report = json.loads((tmp_path / "dynamo_export_report.json").read_text())
+    assert report["exporter"] == "dynamo" and report["graphs"]["dynamo.onnx"]["passed"]
+    assert isinstance(report["graphs"]["dynamo.onnx"]["inputs"]["pixel_values"][0], str)
+    pixels = pixels_for(tiny[1].config, 7)
+    np.testing.assert_allclose(OnnxClassifier(path, providers="cpu").run(pixels), torch_outputs(tiny[1], pixels),
+                               atol=1e-4, rtol=0)
+
+
+def test_written_opset_and_outputs_are_checked(exported):
+    with pytest.raises(VerificationError, match="asked for opset 17, the file says 18"):
+        check_file(exported, 17, ["logits"])
+    with pytest.raises(VerificationError, match="expected input"):
+        check_file(exported, 18, ["logits", "attentions"])
+
+
+def test_export_into_the_model_dir_keeps_its_config_and_drops_stale_graphs(tiny, tmp_path):
+    model_dir = tmp_path / "model"
+    tiny[1].save_pretrained(model_dir)
+    config_bytes = (model_dir / "config.json").read_bytes()
+    export_onnx(model_dir, model_dir / "model.onnx", attentions=True)
+    export_onnx(model_dir, model_dir)  # again, without attentions: the old attentions graph must go
+    assert (model_dir / "config.json").read_bytes() == config_bytes
+    assert (model_dir / "model.onnx").is_file() and not (model_dir / "model_attentions.onnx").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(opset=25), "opsets 17-20"),
+    (dict(exporter="dynamo", opset=17), "opsets 18-23"),
+    (dict(exporter="jit"), "expected one of torchscript, dynamo"),
+    (dict(quantize="int4"), "expected one of int8"),
+])
+def test_bad_export_options_are_one_clear_error(tiny, tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        export_onnx(tiny[0], tmp_path, **kwargs)
+
+
+# The runtime ---------------------------------------------------------------------------
+BLOCK_TORCH = """
+import sys
+class BlockTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torchvision"):
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, BlockTorch())
+"""
+
+
+def test_runtime_works_where_torch_cannot_be_imported(exported, tmp_path):
+    image = tmp_path / "image.png"
+    Image.new("RGB", (40, 30), (200, 60, 20)).save(image)
+    script = BLOCK_TORCH + textwrap.dedent(f"""
+        import numpy as np
+        from export import OnnxClassifier
+        classifier = OnnxClassifier({str(exported)!r})
+        ranked = classifier.predict({str(image)!r}, top_k=2)
+        logits, attentions = classifier.run(classifier.preprocess([{str(image)!r}]), attentions=True)
+        assert [label for label, _ in ranked] == sorted(["bright_disc", "dark_square"], key=lambda l: -dict(ranked)[l])
+        assert attentions.shape == (2, 1, 2, 17, 17), attentions.shape
+        assert not any(name.split(".")[0] in ("torch", "torchvision") for name in sys.modules)
+        print("torch-free:", classifier.providers)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "torch-free: ['CPUExecutionProvider']" in result.stdout
+
+
+def _cuda_works(exported) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return OnnxClassifier(exported, providers="cuda").providers[0] == CUDA
+
+
+def test_asking_for_cuda_without_a_gpu_warns_once_and_runs_on_cpu(exported, capfd):
+    if _cuda_works(exported):
+        pytest.skip("the CUDA provider works on this machine: there is no fallback to report")
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        classifier = OnnxClassifier(exported, providers="cuda")
+    assert classifier.providers == [CPU]
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "CUDAExecutionProvider was requested" in messages[0]
+    assert "running on CPUExecutionProvider" in messages[0]
+    assert "onnxruntime" not in capfd.readouterr().err  # onnxruntime's own log lines are not repeated
+
+
+def test_strict_cuda_request_raises_instead_of_falling_back(exported):
+    if _cuda_works(exported):
+        pytest.skip("the CUDA provider works on this machine: there is no fallback to refuse")
+    with pytest.raises(ProviderFallbackError, match="CUDAExecutionProvider was requested"):
+        OnnxClassifier(exported, providers="cuda", strict=True)
+
+
+def test_auto_and_cpu_providers_run_without_warnings(exported):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        auto = OnnxClassifier(exported)  # "auto"
+        cpu = OnnxClassifier(exported, providers=[CPU], strict=True)
+    assert auto.providers[0] in (CUDA, CPU) and cpu.providers == [CPU]
+
+
+def test_io_binding_gives_the_same_outputs(exported, classifier, tiny):
+    bound = OnnxClassifier(exported, providers="cpu", io_binding=True)
+    pixels = pixels_for(tiny[1].config, 3, seed=2)
+    np.testing.assert_array_equal(bound.run(pixels), classifier.run(pixels))
+    for ours, theirs in zip(bound.run(pixels, attentions=True), classifier.run(pixels, attentions=True)):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_predict_takes_paths_pil_images_and_arrays(classifier, tmp_path):
+    path = tmp_path / "square.jpg"
+    Image.new("RGB", (48, 32), (30, 40, 70)).save(path)
+    single = classifier.predict(path, top_k=2)
+    assert [label for label, _ in single] and {label for label, _ in single} == {"bright_disc", "dark_square"}
+    assert single[0][1] >= single[1][1] and abs(sum(p for _, p in single) - 1) < 1e-5
+    batch = classifier.predict([str(path), Image.open(path), np.asarray(Image.open(path))], top_k=1)
+    assert len(batch) == 3 and all(len(ranked) == 1 for ranked in batch)
+    assert batch[0] == batch[1] and batch[0][0][0] == single[0][0]
+
+
+def test_softmax_and_top_k_are_torch_free_and_ranked():
+    probabilities = softmax(np.array([[1.0, 3.0, 2.0], [0.0, 0.0, 5.0]], dtype=np.float32))
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-6)
+    assert [label for label, _ in top_k(probabilities, ["a", "b", "c"], 2)[0]] == ["b", "c"]
+    assert top_k(probabilities, ["a", "b", "c"], 9)[1][0][0] == "c"
+
+
+@pytest.mark.parametrize("pixels, error, message", [
+    (np.zeros((3, 16, 16), np.float32), ValueError, r"rank 4 \[batch, 3, 16, 16\], got rank 3"),
+    (np.zeros((1, 1, 16, 16), np.float32), ValueError, "expected 3 input channels .* got 1"),
+    (np.zeros((1, 3, 28, 28), np.float32), ValueError, "expected images of 16x16 pixels .* got 28x28"),
+    (np.zeros((1, 3, 16, 16), np.uint8), ValueError, "expected float pixel_values .* got dtype uint8"),
+    (np.zeros((0, 3, 16, 16), np.float32), ValueError, "got batch size 0"),
+    ([[0.0]], TypeError, "expected pixel_values as a NumPy array"),
+])
+def test_bad_pixel_values_are_one_clear_error(classifier, pixels, error, message):
+    with pytest.raises(error, match=message):
+        classifier.run(pixels)
+
+
+def test_bad_images_are_one_clear_error(classifier, tmp_path):
+    with pytest.raises(ValueError, match="got dtype int64"):
+        classifier.predict(np.zeros((20, 20), np.int64))
+    with pytest.raises(FileNotFoundError, match="expected an image file"):
+        classifier.predict(tmp_path / "missing.png")
+    with pytest.raises(ValueError, match="empty list"):
+        classifier.predict([])
+
+
+def test_missing_or_mismatched_files_are_one_clear_error(exported, tmp_path):
+    lone = tmp_path / "lone" / "model.onnx"
+    lone.parent.mkdir()
+    lone.write_bytes(exported.read_bytes())
+    with pytest.raises(FileNotFoundError, match="expected a vit_hub config.json at .*lone/config.json"):
+        OnnxClassifier(lone)
+    with pytest.raises(FileNotFoundError, match="expected an ONNX model at"):
+        OnnxClassifier(tmp_path / "nothing.onnx")
+    assert OnnxClassifier(lone, config_path=exported.parent / "config.json", providers="cpu").config.num_classes == 2
+    with pytest.raises(ValueError, match=r"model_attentions.onnx does not exist.*--attentions"):
+        OnnxClassifier(lone, config_path=exported.parent / "config.json", providers="cpu").run(
+            np.zeros((1, 3, 16, 16), np.float32), attentions=True)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(tiny_config(image_size=32)))
+    with pytest.raises(ValueError, match=r"takes images of shape \[3, 16, 16\] but its config says \[3, 32, 32\]"):
+        OnnxClassifier(lone, config_path=other)
+    with pytest.raises(ValueError, match="providers: expected 'auto', 'cpu', 'cuda'"):
+        OnnxClassifier(exported, providers="tpu")
+
+
+# Quantization --------------------------------------------------------------------------
+def train_tiny(folder: Path, steps: int = 30) -> VisionTransformer:
+    """A tiny model fitted to the generated two-class training images (seconds)."""
+    from vit_hub import data as vdata
+
+    model = VisionTransformer(**tiny_config())
+    splits = vdata.load_splits(str(folder))
+    dataset = vdata.Transformed(splits.train, vdata.EvalTransform(model.config))
+    pixels, labels = next(iter(vdata.make_loader(dataset, len(dataset), shuffle=False, seed=0, num_workers=0,
+                                                 pin_memory=False)))
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(pixels), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def trained_tiny_dir(split_image_folder, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("trained_tiny")
+    train_tiny(split_image_folder).save_pretrained(folder)
+    return folder
+
+
+def test_int8_keeps_accuracy_on_a_small_set(trained_tiny_dir, split_image_folder, tmp_path):
+    path = export_onnx(trained_tiny_dir, tmp_path, quantize="int8", calib_data=str(split_image_folder))
+    layout = ExportLayout.for_model(path)
+    report = json.loads(layout.report.read_text())
+    accuracy = report["quantization"]["accuracy"]
+    assert accuracy["n"] == 16 and accuracy["accuracy_fp32"] >= 90.0
+    assert accuracy["within_bound"] and accuracy["top1_agreement"] == 100.0
+    assert {row["batch"] for row in report["quantization"]["speed"]["per_call"]} == {1, 256}
+    assert report["graphs"]["model_int8.onnx"]["checker"] == "passed"
+    int8 = OnnxClassifier(layout.int8, providers="cpu")
+    assert layout.int8.stat().st_size < path.stat().st_size
+    images = sorted((split_image_folder / "test" / "dark_square").iterdir())[:4]
+    assert [r[0][0] for r in int8.predict(images, top_k=1)] == ["dark_square"] * 4
+
+
+def test_int8_needs_data_with_the_models_labels(tiny, tmp_path):
+    with pytest.raises(ValueError, match="do not match the model's"):
+        export_onnx(tiny[0], tmp_path, quantize="int8")  # tiny's labels are not MNIST digits
+
+
+@pytest.mark.skipif(not (BUNDLED_MODEL / "model.safetensors").is_file(),
+                    reason="models/vit-mnist is not trained yet (issue 2 ships it)")
+def test_bundled_model_exports_with_parity_and_int8_within_bound(tmp_path):
+    path = export_onnx(BUNDLED_MODEL, tmp_path, quantize="int8", calib_data="mnist", eval_limit=1000)
+    report = json.loads(ExportLayout.for_model(path).report.read_text())
+    assert report["graphs"]["model.onnx"]["passed"]  # parity with torch on random and MNIST inputs
+    accuracy = report["quantization"]["accuracy"]
+    if accuracy["accuracy_fp32"] < 98.0:
+        pytest.skip(f"models/vit-mnist is still training ({accuracy['accuracy_fp32']:.1f}% on MNIST test)")
+    assert accuracy["accuracy_drop_points"] <= 0.3
+
+
+# Command line --------------------------------------------------------------------------
+def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_image_folder, tmp_path):
+    out = tmp_path / "cli" / "tiny.onnx"
+    result = subprocess.run(
+        [sys.executable, "-m", "export", "--model", str(trained_tiny_dir), "--out", str(out), "--attentions",
+         "--quantize", "int8", "--calib-data", str(split_image_folder), "--opset", "17"],
+        capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "config.json", "tiny.onnx", "tiny_attentions.onnx", "tiny_export_report.json", "tiny_int8.onnx"]
+    assert "tiny.onnx: " in result.stdout and "opset 17" in result.stdout and "int8: accuracy" in result.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "/no/such/model", "--out", "x"], "--model"),
+    (["--opset", "99"], "opsets 17-20"),
+    (["--quantize", "int8"], "do not match the model's"),
+])
+def test_cli_errors_are_one_line_with_exit_code_2(tiny, tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    base = ["--model", str(tiny[0]), "--out", str(tmp_path / "out")]
+    assert cli_main(base + argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in captured.err
+
+
+def test_out_must_be_a_folder_or_an_onnx_path(tiny, tmp_path):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("not a folder")
+    with pytest.raises(NotADirectoryError, match="expected a folder or a path ending in .onnx"):
+        export_onnx(tiny[0], existing)
