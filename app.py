@@ -1,0 +1,388 @@
+"""Gradio demo: classify an image with a vit_hub model and show where it looked.
+
+    python app.py                                   # bundled MNIST model, torch backend
+    python app.py --model user/repo --backend onnx --port 8000
+
+The page takes an uploaded image (or, for grayscale models, a drawing), shows the top-k
+classes and the attention rollout over the input, layer by layer. The same function is
+served as the named API endpoint `/predict` (and `/predict_drawing`) for gradio_client.
+
+Nothing happens at import: `build_demo(predictor)` builds the UI for any backend that
+implements `Predictor`, and `main()` parses the flags, loads the model and serves it,
+bound to 127.0.0.1 with analytics, share links and server-side rendering off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import gradio as gr
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from vit_hub.config import ViTConfig
+from vit_hub.postprocess import softmax, top_k
+from vit_hub.preprocess import MAX_PIXELS, load_image, preprocess, to_model_mode
+from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_MODEL = ROOT / "models" / "vit-mnist"
+SAMPLES = ROOT / "samples"
+
+# Overlays have the input's size, except: a longer side under DISPLAY_MIN_SIDE is scaled up
+# by the smallest integer factor reaching it (28x28 -> 280x280), one over DISPLAY_MAX_SIDE
+# is scaled down to it. Drawings are shown as the model sees them (the centred digit).
+DISPLAY_MIN_SIDE = 280
+DISPLAY_MAX_SIDE = 1024
+STRIP_TILE_HEIGHT = 96  # height of each tile in the per-layer rollout strip
+MAX_FILE_SIZE = "20mb"
+CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
+QUEUE_SIZE = 64
+# Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck.
+CSS = "#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }"
+# A drawing's ink fills this share of the image's height and width, as in MNIST (20 of 28 px).
+DIGIT_BOX_SHARE = 20 / 28
+
+
+# Backends -------------------------------------------------------------------------------
+class Predictor(Protocol):
+    """A backend the UI can drive: the model's config and one forward pass."""
+
+    config: ViTConfig
+    description: str  # shown on the page, e.g. "torch (CPU)"
+
+    def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """float32 [B, C, H, W] -> (probabilities [B, classes], attentions [depth, B, heads, T, T])."""
+
+
+class TorchPredictor:
+    """The PyTorch model, on the CPU.
+
+    threads: torch intra-op threads for the whole process. One per request is best for a
+    small model: concurrent requests already keep the cores busy, and several threads
+    per forward pass spin against each other (measured 10x slower on a loaded 2-core
+    machine; see BENCHMARKS.md).
+    """
+
+    def __init__(self, model: Any, threads: int | None = 1):
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = model.eval()
+        self.config = model.config
+        self.description = "torch (CPU)"
+
+    @classmethod
+    def load(cls, reference: str | Path, threads: int | None = 1) -> "TorchPredictor":
+        from vit_hub.hub import load_model
+
+        return cls(load_model(reference), threads)
+
+    def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        with torch.inference_mode():
+            logits, attentions = self.model(torch.from_numpy(pixels), output_attentions=True)
+        return softmax(logits.numpy()), attentions.numpy()
+
+
+class OnnxPredictor:
+    """ONNX Runtime on the model's `model_attentions.onnx` graph (torch-free at run time)."""
+
+    def __init__(self, classifier: Any):
+        if not classifier.has_attentions:
+            raise ValueError(f"{classifier.model_path} has no attentions graph; export with --attentions")
+        self.classifier = classifier
+        self.config = classifier.config
+        self.description = f"ONNX Runtime ({classifier.providers[0]})"
+
+    @classmethod
+    def load(cls, reference: str | Path, threads: int | None = 1) -> "OnnxPredictor":
+        """A model dir or Hub repo id; without model_attentions.onnx there, export to a temp dir
+        first. threads: onnxruntime intra-op threads per session (one, as for torch)."""
+        from export import OnnxClassifier
+        from export.layout import ExportLayout
+
+        folder = Path(reference) if Path(reference).is_dir() else _download(str(reference))
+        if not ExportLayout.for_model(folder).attentions.is_file():
+            folder = _export_now(folder)
+        return cls(OnnxClassifier(folder, threads=threads))
+
+    def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        logits, attentions = self.classifier.run(pixels, attentions=True)
+        return softmax(logits), attentions
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id))
+
+
+def _export_now(model_dir: Path) -> Path:
+    from export import export_onnx
+
+    out = Path(tempfile.mkdtemp(prefix="vit_hub_onnx_"))
+    print(f"app.py: {model_dir} has no model_attentions.onnx; exporting to {out} ...", flush=True)
+    export_onnx(model_dir, out, attentions=True)
+    return out
+
+
+# Reading inputs -------------------------------------------------------------------------
+def read_upload(upload: dict | str | None) -> Image.Image:
+    """An uploaded file (Gradio's file data or a path) -> decoded PIL image, upright.
+
+    Anything unusable raises gr.Error. The header is checked before decoding, so a
+    huge image is refused without spending memory on it.
+    """
+    path = upload.get("path") if isinstance(upload, dict) else upload
+    if not path:
+        raise gr.Error("No image yet: upload one or pick an example.")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as probe:
+                width, height = probe.size
+    except Image.DecompressionBombError:
+        raise gr.Error(f"The image is too large; the limit is {MAX_PIXELS // 1_000_000} megapixels.") from None
+    except (UnidentifiedImageError, OSError):
+        raise gr.Error("That file is not an image this app can read (try PNG, JPEG, WebP, BMP or TIFF).") from None
+    if width * height > MAX_PIXELS:
+        raise gr.Error(f"The image is {width}x{height} pixels; the limit is {MAX_PIXELS // 1_000_000} megapixels.")
+    image = load_image(path)
+    return ImageOps.exif_transpose(image)  # as browsers show photos with an EXIF rotation
+
+
+def normalize_drawing(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """A drawing -> a grayscale digit centred like MNIST, of size (height, width).
+
+    Dark ink on a light canvas is inverted to light-on-dark; the ink's bounding box is
+    scaled to fit 20/28 of the size (keeping its aspect ratio) and placed so that its
+    centre of mass sits at the centre.
+    """
+    gray = np.asarray(to_model_mode(image, 1), dtype=np.float32)  # [h, w], alpha over white
+    background = np.median(np.concatenate([gray[0], gray[-1], gray[:, 0], gray[:, -1]]))
+    ink = np.clip(background - gray if background > 127 else gray - background, 0.0, None)
+    if ink.max() < 32:
+        raise gr.Error("The drawing is empty: draw a digit first.")
+    ink[ink < 0.1 * ink.max()] = 0.0  # paper texture and noise
+    rows, cols = np.nonzero(ink >= 0.25 * ink.max())
+    crop = ink[rows.min():rows.max() + 1, cols.min():cols.max() + 1] * (255.0 / ink.max())
+    return _centre_by_mass(_fit_to_box(crop, size), size)
+
+
+def _fit_to_box(ink: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Scale [h, w] ink so it fits DIGIT_BOX_SHARE of size, keeping its aspect ratio."""
+    box_h, box_w = (max(1, round(side * DIGIT_BOX_SHARE)) for side in size)
+    scale = min(box_h / ink.shape[0], box_w / ink.shape[1])
+    new_h, new_w = max(1, round(ink.shape[0] * scale)), max(1, round(ink.shape[1] * scale))
+    resized = Image.fromarray(ink).resize((new_w, new_h), Image.Resampling.LANCZOS)
+    return np.clip(np.asarray(resized), 0.0, 255.0)
+
+
+def _centre_by_mass(ink: np.ndarray, size: tuple[int, int]) -> Image.Image:
+    """Paste [h, w] ink into a black canvas of size (height, width), centre of mass in the middle."""
+    height, width = size
+    rows, cols = np.indices(ink.shape)
+    mass = ink.sum()
+    centre_row, centre_col = (rows * ink).sum() / mass, (cols * ink).sum() / mass
+    top = int(np.clip(round(height / 2 - centre_row), 0, height - ink.shape[0]))
+    left = int(np.clip(round(width / 2 - centre_col), 0, width - ink.shape[1]))
+    canvas = np.zeros((height, width), dtype=np.float32)
+    canvas[top:top + ink.shape[0], left:left + ink.shape[1]] = ink
+    return Image.fromarray(canvas.round().astype(np.uint8))
+
+
+def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
+    """The sketchpad's value -> the centred digit the model will see."""
+    composite = (value or {}).get("composite")
+    if composite is None:
+        raise gr.Error("The drawing is empty: draw a digit first.")
+    return normalize_drawing(load_image(composite), size)
+
+
+# Explaining -----------------------------------------------------------------------------
+@dataclass
+class Explanation:
+    scores: dict[str, float]  # top-k label -> probability
+    overlay: Image.Image  # rollout over the display image
+    strip: Image.Image  # rollout after each layer, left to right
+
+
+def display_size(width: int, height: int) -> tuple[int, int]:
+    """The (width, height) an overlay is drawn at for an input of that size."""
+    longer = max(width, height)
+    if longer < DISPLAY_MIN_SIDE:
+        factor = math.ceil(DISPLAY_MIN_SIDE / longer)
+        return width * factor, height * factor
+    if longer > DISPLAY_MAX_SIDE:
+        scale = DISPLAY_MAX_SIDE / longer
+        return max(1, round(width * scale)), max(1, round(height * scale))
+    return width, height
+
+
+def for_display(image: Image.Image) -> Image.Image:
+    """The image at its display size; small images keep sharp pixels."""
+    size = display_size(*image.size)
+    if size == image.size:
+        return image
+    upscaling = size[0] > image.width
+    return image.resize(size, Image.Resampling.NEAREST if upscaling else Image.Resampling.BILINEAR)
+
+
+def layer_strip(view: Image.Image, maps: np.ndarray) -> Image.Image:
+    """One tile per layer: maps [depth, grid_h, grid_w] over the model's view, side by side."""
+    width = max(1, round(view.width * STRIP_TILE_HEIGHT / view.height))
+    tile_base = view.resize((width, STRIP_TILE_HEIGHT), Image.Resampling.NEAREST)
+    gap = 4
+    strip = Image.new("RGB", (len(maps) * (width + gap) - gap, STRIP_TILE_HEIGHT), "white")
+    for index, layer_map in enumerate(maps):
+        strip.paste(overlay(tile_base, layer_map), (index * (width + gap), 0))
+    return strip
+
+
+def explain(predictor: Predictor, view: Image.Image, display: Image.Image, head_fusion: str,
+            discard_ratio: float, k: int) -> Explanation:
+    """Classify `view` (in the model's mode, any size) and draw the rollout over `display`."""
+    config = predictor.config
+    pixels = preprocess(view, config)[None]  # [1, C, H, W]
+    probabilities, attentions = predictor.predict(pixels)
+    maps = layer_rollouts(attentions, head_fusion, float(discard_ratio), config.grid_size)[:, 0]  # [depth, h, w]
+    scores = dict(top_k(probabilities, config.labels, int(k))[0])
+    model_view = view.resize(tuple(reversed(config.image_size)), Image.Resampling.BILINEAR)
+    return Explanation(scores, overlay(display, maps[-1]), layer_strip(model_view, maps))
+
+
+def _user_errors(handler: Callable) -> Callable:
+    """Report bad input (ValueError/TypeError from preprocessing or rollout) as gr.Error."""
+    @functools.wraps(handler)
+    def wrapped(*args):
+        try:
+            return handler(*args)
+        except gr.Error:
+            raise
+        except (ValueError, TypeError) as error:
+            raise gr.Error(str(error)) from None
+    return wrapped
+
+
+# The UI ---------------------------------------------------------------------------------
+def build_demo(predictor: Predictor) -> gr.Blocks:
+    """The Gradio app for one predictor. Launch it with `serve(demo, ...)`."""
+    config = predictor.config
+
+    @_user_errors
+    def predict(image: dict | None, head_fusion: str, discard_ratio: float, k: int):
+        """Top-k labels, the rollout overlay (at display_size of the input) and the per-layer strip."""
+        view = to_model_mode(read_upload(image), config.in_channels)
+        result = explain(predictor, view, for_display(view), head_fusion, discard_ratio, k)
+        return result.scores, result.overlay, result.strip
+
+    @_user_errors
+    def predict_drawing(drawing: dict | None, head_fusion: str, discard_ratio: float, k: int):
+        """Like predict, for a drawing; the overlay shows the centred digit the model saw."""
+        digit = read_drawing(drawing, config.image_size)
+        result = explain(predictor, digit, for_display(digit), head_fusion, discard_ratio, k)
+        return result.scores, result.overlay, result.strip
+
+    with gr.Blocks(title="vit_hub: what the ViT looks at", analytics_enabled=False,
+                   delete_cache=(600, 3600)) as demo:
+        gr.Markdown(
+            f"## vit_hub: what the Vision Transformer looks at\n"
+            f"{config.num_classes} classes, {config.image_size[0]}x{config.image_size[1]} input, "
+            f"{config.depth} layers; backend: {predictor.description}. The overlay is the "
+            f"attention rollout (Abnar & Zuidema, 2020): how much each patch feeds the class token."
+        )
+        with gr.Row():
+            with gr.Column():
+                with gr.Tabs():
+                    with gr.Tab("Upload"):
+                        image = gr.Image(type="filepath", label="Image", sources=["upload", "clipboard"],
+                                         height=320, elem_id="upload")
+                        submit = gr.Button("Classify", variant="primary")
+                        _examples(image)
+                    if config.in_channels == 1:
+                        with gr.Tab("Draw"):
+                            drawing = gr.Sketchpad(
+                                type="pil", image_mode="RGB", canvas_size=(400, 400), label="Draw a digit",
+                                brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),
+                                layers=False,
+                            )
+                            submit_drawing = gr.Button("Classify drawing", variant="primary")
+                head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
+                discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
+                                          info="share of the weakest attention weights dropped per layer")
+                k = gr.Slider(1, config.num_classes, value=min(3, config.num_classes), step=1, label="Top-k")
+            with gr.Column():
+                label = gr.Label(label="Prediction")
+                # JPEG: encodes in 0.2 ms where PNG takes 15 ms (280x280), no visible loss on a heat map.
+                rollout = gr.Image(label="Attention rollout", type="pil", format="jpeg", interactive=False,
+                                   buttons=["download", "fullscreen"], elem_id="rollout")
+                strip = gr.Image(label="Rollout after layer 1, 2, ... (left to right)", type="pil",
+                                 format="jpeg", interactive=False, buttons=["download", "fullscreen"],
+                                 elem_id="layer-strip")
+
+        controls, outputs = [head_fusion, discard_ratio, k], [label, rollout, strip]
+        # preprocess=False: the handler opens the upload itself, so a non-image gets a clear gr.Error
+        # (Gradio still checks that the file is one that was uploaded).
+        submit.click(predict, [image] + controls, outputs, api_name="predict", concurrency_id="model",
+                     concurrency_limit=CONCURRENCY_LIMIT, preprocess=False)
+        if config.in_channels == 1:
+            submit_drawing.click(predict_drawing, [drawing] + controls, outputs, api_name="predict_drawing",
+                                 concurrency_id="model", concurrency_limit=CONCURRENCY_LIMIT)
+    return demo
+
+
+def _examples(image: gr.Image) -> None:
+    paths = sorted(SAMPLES.glob("*.png"))
+    if paths:
+        gr.Examples([[str(path)] for path in paths], inputs=[image], label="Bundled samples",
+                    examples_per_page=len(paths))
+
+
+def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, **launch: Any):
+    """Queue and launch with the safe defaults: no share link, no SSR, capped uploads."""
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY_LIMIT)
+    return demo.launch(server_name=host, server_port=port, share=False, ssr_mode=False,
+                       max_file_size=MAX_FILE_SIZE, css=CSS, **launch)
+
+
+# Command line ---------------------------------------------------------------------------
+def load_predictor(reference: str | Path, backend: str) -> Predictor:
+    if backend == "torch":
+        return TorchPredictor.load(reference)
+    if backend == "onnx":
+        return OnnxPredictor.load(reference)
+    raise ValueError(f"--backend: expected torch or onnx, got {backend!r}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Serve a vit_hub model with attention-rollout overlays.")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL),
+                        help="model dir or Hugging Face Hub repo id (default: the bundled MNIST model)")
+    parser.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                        help="onnx runs ONNX Runtime; it exports model.onnx first when the model has none")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=7860)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        predictor = load_predictor(args.model, args.backend)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"app.py: cannot load --model {args.model}: {error}") from None
+    serve(build_demo(predictor), args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

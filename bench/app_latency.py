@@ -1,0 +1,179 @@
+"""End-to-end latency of the app's /predict endpoint through gradio_client.
+
+For each backend: start `python app.py` in its own process on 127.0.0.1, send warm-up
+requests, then N requests (the bundled sample digits in turn) from `--concurrency`
+client threads, each with its own gradio_client.Client. A request's time covers
+uploading the image, queueing, preprocessing, the forward pass with attentions,
+rollout, rendering both images and downloading them.
+
+Two more numbers put it in context: the model work alone (forward pass + rollout, in
+this process), and a Gradio floor: an endpoint that only echoes a string, served with the
+same launch settings and called the same way.
+
+    python bench/app_latency.py [--model models/vit-mnist] [--backends torch onnx]
+                                [--requests 200] [--concurrency 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # app.py lives at the top level
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+
+from gradio_client import Client, handle_file  # noqa: E402
+
+import app  # noqa: E402
+from vit_hub.preprocess import preprocess  # noqa: E402
+from vit_hub.rollout import layer_rollouts  # noqa: E402
+
+# The floor: the app's launch settings around an endpoint that does nothing.
+ECHO_SERVER = """
+import sys, gradio as gr, app
+with gr.Blocks(analytics_enabled=False) as demo:
+    text = gr.Textbox()
+    gr.Button().click(lambda value: value, text, text, api_name="echo")
+app.serve(demo, port=int(sys.argv[1]))
+"""
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(app.DEFAULT_MODEL))
+    parser.add_argument("--backends", nargs="+", default=["torch", "onnx"], choices=["torch", "onnx"])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=12)
+    return parser.parse_args()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(command: list[str], port: int, timeout: float = 300.0) -> subprocess.Popen:
+    """Run a server command and wait until gradio_client can connect to it."""
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"{' '.join(command)} exited with code {server.returncode}")
+        try:
+            Client(f"http://127.0.0.1:{port}/", verbose=False)
+            return server
+        except Exception:  # not listening yet
+            time.sleep(0.5)
+    server.kill()
+    raise RuntimeError(f"{' '.join(command)} did not start within {timeout:.0f} s")
+
+
+def run_requests(url: str, call: Callable[[Client, int], Any], count: int,
+                 concurrency: int) -> tuple[list[float], list[str]]:
+    """`count` calls of call(client, index) from `concurrency` threads, each thread with its
+    own Client -> (latencies in s, error messages)."""
+    clients = [Client(url, verbose=False) for _ in range(concurrency)]
+
+    def one(index: int) -> tuple[float | None, str | None]:
+        start = time.perf_counter()
+        try:
+            call(clients[index % concurrency], index)
+        except Exception as error:  # a failed request is a result to count, not a crash
+            return None, f"{type(error).__name__}: {error}"
+        return time.perf_counter() - start, None
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, range(count)))
+    return [t for t, _ in results if t is not None], [e for _, e in results if e is not None]
+
+
+def measure(command: list[str], call: Callable[[Client, int], Any], args: argparse.Namespace) -> dict:
+    """Start the server, warm up, time args.requests calls, stop it."""
+    port = free_port()
+    server = start_server([*command, str(port)], port)  # both commands take the port last
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        run_requests(url, call, args.warmup, args.concurrency)
+        start = time.perf_counter()
+        latencies, errors = run_requests(url, call, args.requests, args.concurrency)
+        wall = time.perf_counter() - start
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    ms = 1000 * np.asarray(latencies) if latencies else np.asarray([np.nan])
+    return dict(p50=np.percentile(ms, 50), p95=np.percentile(ms, 95), throughput=len(latencies) / wall,
+                failures=len(errors), first_error=errors[0] if errors else "")
+
+
+def model_work_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200) -> float:
+    """Median in-process time of one forward pass with attentions plus the rollout."""
+    pixels = [preprocess(path, predictor.config)[None] for path in samples]
+    times = []
+    for index in range(rounds):
+        start = time.perf_counter()
+        _, attentions = predictor.predict(pixels[index % len(pixels)])
+        layer_rollouts(attentions, "mean", 0.0, predictor.config.grid_size)
+        times.append(time.perf_counter() - start)
+    return 1000 * float(np.median(times))
+
+
+def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: list[Path]) -> dict:
+    predictor = app.load_predictor(model, backend)
+
+    def classify(client: Client, index: int) -> None:
+        scores, _, _ = client.predict(handle_file(str(samples[index % len(samples)])), "mean", 0.0, 3,
+                                      api_name="/predict")
+        if not scores.get("label"):
+            raise ValueError(f"no label in {scores}")
+
+    command = [sys.executable, "app.py", "--model", model, "--backend", backend, "--port"]
+    row = measure(command, classify, args)
+    return dict(row, name=f"/predict, {predictor.description}", work=f"{model_work_ms(predictor, samples):.2f}")
+
+
+def main() -> None:
+    args = parse_args()
+    samples = sorted((ROOT / "samples").glob("*.png"))
+    load_before = os.getloadavg()[0]
+    floor = measure([sys.executable, "-c", ECHO_SERVER], lambda client, i: client.predict(str(i), api_name="/echo"),
+                    args)
+    rows = [dict(floor, name="Gradio floor: /echo of a string", work="-")]
+    with tempfile.TemporaryDirectory() as onnx_dir:
+        for backend in args.backends:
+            model = args.model
+            if backend == "onnx":  # export once here, so the server and this process share it
+                from export import export_onnx
+
+                export_onnx(args.model, onnx_dir, attentions=True)
+                model = onnx_dir
+            rows.append(bench_backend(model, backend, args, samples))
+    print(f"{args.requests} requests at concurrency {args.concurrency} through gradio_client, "
+          f"model {args.model}, server in its own process")
+    print("| endpoint, backend | p50 ms | p95 ms | requests/s | failures | model work p50 ms (forward + rollout) |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['name']} | {row['p50']:.1f} | {row['p95']:.1f} | {row['throughput']:.1f} | "
+              f"{row['failures']} | {row['work']} |")
+        if row["first_error"]:
+            print(f"  first failure: {row['first_error']}")
+    print(f"\nload average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after "
+          f"({os.cpu_count()} cores); {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"command: python {' '.join(sys.argv)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""The Gradio app through gradio_client, against a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # app.py lives at the top level, outside the package
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+from gradio_client import Client, handle_file  # noqa: E402
+
+import app  # noqa: E402
+from vit_hub.preprocess import preprocess  # noqa: E402
+
+MODEL_DIR = ROOT / "models" / "vit-mnist"
+SAMPLES = sorted((ROOT / "samples").glob("mnist_test_*_label_*.png"))
+
+
+def label_of(path: Path) -> str:
+    return re.search(r"_label_(\d+)\.png$", path.name).group(1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def drawn_digit(sample: Path, tmp_path: Path) -> Path:
+    """An MNIST digit as a person would draw it: black on white, large, off-centre."""
+    ink = ImageOps.invert(Image.open(sample).convert("L")).resize((224, 224), Image.Resampling.BICUBIC)
+    canvas = Image.new("RGB", (640, 480), "white")
+    canvas.paste(ink.convert("RGB"), (40, 230))
+    path = tmp_path / f"drawn_{sample.name}"
+    canvas.save(path)
+    return path
+
+
+def sketch(path: Path) -> dict:
+    """The sketchpad value gradio_client sends: background, layers and the composite."""
+    return {"background": handle_file(str(path)), "layers": [], "composite": handle_file(str(path))}
+
+
+def needs_bundled_model() -> None:
+    if not (MODEL_DIR / "model.safetensors").is_file():
+        pytest.skip(f"the bundled model {MODEL_DIR} is missing (its model card says how to train it)")
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    needs_bundled_model()
+    threads = torch.get_num_threads()
+    yield app.TorchPredictor.load(MODEL_DIR)  # sets one torch thread for the process ...
+    torch.set_num_threads(threads)  # ... which the other test modules should not inherit
+
+
+@pytest.fixture(scope="module")
+def served(predictor):
+    demo = app.build_demo(predictor)
+    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield demo, Client(url, verbose=False)
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[1]
+
+
+def predict(client: Client, path, head_fusion="mean", discard_ratio=0.0, k=3):
+    return client.predict(handle_file(str(path)), head_fusion, discard_ratio, k, api_name="/predict")
+
+
+# Without a server ---------------------------------------------------------------------
+def test_import_is_light():
+    """Importing app loads no torch and builds nothing (the ONNX backend stays torch-free)."""
+    code = "import sys, app; assert 'torch' not in sys.modules, 'torch imported'; print(app.build_demo.__name__)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "build_demo"
+
+
+def test_safe_default_flags():
+    args = app.parse_args([])
+    assert (args.host, args.backend, Path(args.model)) == ("127.0.0.1", "torch", app.DEFAULT_MODEL)
+
+
+def test_main_reports_a_missing_model(tmp_path):
+    with pytest.raises(SystemExit, match="cannot load --model"):
+        app.main(["--model", str(tmp_path / "nothing-here")])
+
+
+@pytest.mark.parametrize("sample", SAMPLES[:3], ids=lambda path: path.name)
+def test_drawing_is_centred_like_mnist(sample, tmp_path):
+    original = np.asarray(Image.open(sample), dtype=np.float64)
+    digit = app.normalize_drawing(Image.open(drawn_digit(sample, tmp_path)), (28, 28))
+    assert digit.size == (28, 28) and digit.mode == "L"
+    assert np.corrcoef(original.ravel(), np.asarray(digit, dtype=np.float64).ravel())[0, 1] > 0.9
+
+
+def test_drawing_follows_the_configured_size_and_keeps_light_on_dark():
+    canvas = Image.new("L", (300, 300), 0)
+    canvas.paste(255, (20, 40, 60, 200))  # a light bar on black, top left
+    digit = np.asarray(app.normalize_drawing(canvas, (32, 48)))  # height 32, width 48
+    assert digit.shape == (32, 48)
+    rows, cols = np.nonzero(digit > 128)
+    assert rows.max() - rows.min() + 1 == round(32 * 20 / 28)  # tall side fills the 20/28 box
+    assert abs(rows.mean() - 16) < 1.5 and abs(cols.mean() - 24) < 1.5  # centred by mass
+
+
+@pytest.mark.parametrize("canvas", [Image.new("RGB", (400, 400), "white"), Image.new("L", (50, 50), 0)])
+def test_empty_drawing_is_refused(canvas):
+    with pytest.raises(gr.Error, match="empty"):
+        app.normalize_drawing(canvas, (28, 28))
+
+
+# Through gradio_client ----------------------------------------------------------------
+def test_safe_launch_settings(served):
+    demo, _ = served
+    assert demo.local_url.startswith("http://127.0.0.1:")
+    assert demo.share is False and demo.ssr_mode is False and demo.analytics_enabled is False
+    assert demo.max_file_size == 20 * 1024 * 1024
+    limits = {fn.api_name: fn.concurrency_limit for fn in demo.fns.values()}
+    assert limits["predict"] == limits["predict_drawing"] == app.CONCURRENCY_LIMIT
+
+
+def test_named_endpoints(client):
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {"/predict", "/predict_drawing"} <= set(endpoints)
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
+def test_bundled_samples_are_classified(client, sample, predictor):
+    scores, overlay, strip = predict(client, sample, k=3)
+    assert scores["label"] == label_of(sample)
+    assert len(scores["confidences"]) == 3
+    assert Image.open(overlay).size == (280, 280)  # 28x28 input, scaled 10x for display
+    tiles = predictor.config.depth
+    assert Image.open(strip).size == (tiles * (app.STRIP_TILE_HEIGHT + 4) - 4, app.STRIP_TILE_HEIGHT)
+
+
+@pytest.mark.parametrize("size, shown", [
+    ((300, 140), (300, 140)),  # the input's size
+    ((1000, 1024), (1000, 1024)),
+    ((2048, 1536), (1024, 768)),  # longer side capped at DISPLAY_MAX_SIDE
+    ((28, 28), (280, 280)),  # small inputs scaled up by an integer factor
+    ((40, 20), (280, 140)),
+])
+def test_overlay_has_the_input_size_or_the_display_size(client, tmp_path, size, shown):
+    path = tmp_path / "input.png"
+    Image.open(SAMPLES[0]).resize(size).save(path)
+    _, overlay, _ = predict(client, path)
+    assert app.display_size(*size) == shown
+    assert Image.open(overlay).size == shown
+
+
+@pytest.mark.parametrize("sample", SAMPLES[:5], ids=lambda path: path.name)
+def test_drawn_digit_is_recognised(client, sample, tmp_path):
+    scores, overlay, _ = client.predict(sketch(drawn_digit(sample, tmp_path)), "mean", 0.0, 3,
+                                        api_name="/predict_drawing")
+    assert scores["label"] == label_of(sample)
+    assert Image.open(overlay).size == (280, 280)  # the centred 28x28 digit, scaled for display
+
+
+def test_cmyk_and_16_bit_images_are_converted(client, tmp_path):
+    """Converted, not refused: preprocess.to_model_mode maps both to the model's mode, so
+    such files (print scans, medical and scientific images) classify like 8-bit ones."""
+    sample = SAMPLES[0]
+    cmyk, deep = tmp_path / "cmyk.jpg", tmp_path / "deep.png"
+    Image.open(sample).convert("RGB").convert("CMYK").save(cmyk, quality=95)
+    Image.fromarray(np.asarray(Image.open(sample), dtype=np.uint16) * 257).save(deep)
+    assert Image.open(cmyk).mode == "CMYK" and Image.open(deep).mode.startswith("I;16")
+    for path in (cmyk, deep):
+        scores, overlay, _ = predict(client, path)
+        assert scores["label"] == label_of(sample)
+        assert Image.open(overlay).size == (280, 280)
+
+
+def test_controls_change_the_answer(client):
+    sample = SAMPLES[0]
+    scores, plain, _ = predict(client, sample, "mean", 0.0, 5)
+    _, sharp, _ = predict(client, sample, "max", 0.9, 5)
+    assert len(scores["confidences"]) == 5
+    assert not np.array_equal(np.asarray(Image.open(plain)), np.asarray(Image.open(sharp)))
+
+
+def bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (file, part of the expected message)."""
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    tiny, huge, blank = tmp_path / "tiny.png", tmp_path / "huge.png", tmp_path / "blank.png"
+    Image.new("L", (1, 1)).save(tiny)
+    Image.new("1", (10_000, 10_000), 1).save(huge)  # a few kB on disk, 100 megapixels decoded
+    Image.new("RGB", (400, 400), "white").save(blank)
+    return {"non-image": (text, "not an image"), "1x1": (tiny, "at least 2x2"),
+            "10000x10000": (huge, "megapixels"), "empty drawing": (blank, "drawing is empty")}
+
+
+@pytest.mark.parametrize("case", ["non-image", "1x1", "10000x10000", "empty drawing"])
+def test_bad_input_is_reported_and_the_app_keeps_serving(client, case, tmp_path):
+    path, message = bad_inputs(tmp_path)[case]
+    with pytest.raises(Exception, match=message):
+        if case == "empty drawing":
+            client.predict(sketch(path), "mean", 0.0, 3, api_name="/predict_drawing")
+        else:
+            predict(client, path)
+    scores, _, _ = predict(client, SAMPLES[1])
+    assert scores["label"] == label_of(SAMPLES[1])
+
+
+def test_missing_image_and_bad_controls_are_reported(client):
+    with pytest.raises(Exception, match="No image yet"):
+        client.predict(None, "mean", 0.0, 3, api_name="/predict")
+    with pytest.raises(Exception, match="head_fusion"):
+        predict(client, SAMPLES[0], head_fusion="median")
+
+
+def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, tmp_path, monkeypatch):
+    """--backend onnx on a model dir without ONNX graphs: exported first, then served."""
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setattr(app.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    onnx = app.load_predictor(MODEL_DIR, "onnx")
+    assert (tmp_path / "model_attentions.onnx").is_file()
+    assert onnx.description.startswith("ONNX Runtime")
+    demo = app.build_demo(onnx)
+    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        onnx_client = Client(url, verbose=False)
+        for sample in SAMPLES[:3]:
+            scores, overlay, _ = predict(onnx_client, sample)
+            assert scores["label"] == label_of(sample)
+            assert Image.open(overlay).size == (280, 280)
+        pixels = np.stack([preprocess(path, onnx.config) for path in SAMPLES])
+        onnx_probabilities, onnx_attentions = onnx.predict(pixels)
+        torch_probabilities, torch_attentions = predictor.predict(pixels)
+        np.testing.assert_allclose(onnx_probabilities, torch_probabilities, atol=1e-5)
+        np.testing.assert_allclose(onnx_attentions, torch_attentions, atol=1e-5)
+    finally:
+        demo.close()

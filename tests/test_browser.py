@@ -1,0 +1,71 @@
+"""The app in a real headless browser: Debian's chromium driven by PyPI playwright.
+
+Never `playwright install` (it downloads a browser); CI installs Debian's `chromium`.
+Saves docs/app_screenshot.png, the screenshot the README shows.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # app.py lives at the top level, outside the package
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import app  # noqa: E402
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+MODEL_DIR = ROOT / "models" / "vit-mnist"
+SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"
+SCREENSHOT = ROOT / "docs" / "app_screenshot.png"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium: apt-get install -y chromium"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url():
+    if not (MODEL_DIR / "model.safetensors").is_file():
+        pytest.skip(f"the bundled model {MODEL_DIR} is missing")
+    demo = app.build_demo(app.TorchPredictor.load(MODEL_DIR, threads=None))
+    _, local_url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield local_url
+    demo.close()
+
+
+def test_upload_classify_and_screenshot(url):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(url, wait_until="domcontentloaded")
+            page.locator("#upload input[type=file]").set_input_files(str(SAMPLE))
+            expect(page.locator("#upload img")).to_be_visible(timeout=30_000)
+            page.get_by_role("button", name="Classify", exact=True).click()
+            expect(page.get_by_test_id("label-output-value")).to_have_text("7", timeout=60_000)
+            expect(page.locator("#rollout img")).to_be_visible(timeout=30_000)
+            expect(page.locator("#layer-strip img")).to_be_visible(timeout=30_000)
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT), full_page=True)
+        finally:
+            browser.close()
+    assert SCREENSHOT.stat().st_size > 10_000

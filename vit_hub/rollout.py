@@ -1,0 +1,228 @@
+"""Attention rollout (Abnar & Zuidema, 2020) and heat-map overlays, on plain arrays.
+
+Rollout asks how much of the class token's final representation flows from each input
+patch when attention is followed through every layer. Per layer:
+
+    fuse heads (mean / max / min)                  [L, B, heads, T, T] -> [L, B, T, T]
+    drop the weakest `discard_ratio` of the patch-to-patch weights of each sample
+    add the identity (the residual path), renormalise every row to sum to 1
+then multiply the layers in order (A_L @ ... @ A_1), read the class token's row over
+the patch tokens, reshape it to the patch grid and scale each map to [0, 1].
+
+The math runs in NumPy whatever the input: torch tensors (on any device, with or
+without grad) are converted first, so the torch model and ONNX Runtime outputs give the
+same maps. Results are always NumPy float32 arrays.
+
+Unlike the popular `vit-explain` code, this handles every batch item, non-square grids,
+never discards the class token's entries and renormalises rows with `keepdims`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from matplotlib import colormaps
+from PIL import Image
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+def as_numpy(array: Any) -> np.ndarray:
+    """Torch tensor or array-like -> float32 NumPy array (detached, on the CPU)."""
+    if hasattr(array, "detach"):  # a torch tensor; avoids importing torch here
+        array = array.detach().float().cpu().numpy()
+    return np.asarray(array, dtype=np.float32)
+
+
+def _check_attentions(attentions: np.ndarray) -> None:
+    if attentions.ndim != 5 or attentions.shape[-1] != attentions.shape[-2]:
+        raise ValueError(
+            "expected attentions of shape [depth, batch, heads, tokens, tokens], "
+            f"got shape {list(attentions.shape)}"
+        )
+    if attentions.shape[-1] < 2:
+        raise ValueError(f"expected a class token and at least one patch token, got {attentions.shape[-1]} tokens")
+
+
+def _grid(num_patches: int, grid_size: tuple[int, int] | None) -> tuple[int, int]:
+    """The patch grid (height, width): given, or inferred when the number of patches is square."""
+    if grid_size is None:
+        side = math.isqrt(num_patches)
+        if side * side != num_patches:
+            raise ValueError(
+                f"{num_patches} patches do not form a square grid; pass grid_size=(height, width)"
+            )
+        return side, side
+    grid_h, grid_w = (int(size) for size in grid_size)
+    if grid_h * grid_w != num_patches:
+        raise ValueError(f"grid_size {grid_h}x{grid_w} does not match the {num_patches} patch tokens")
+    return grid_h, grid_w
+
+
+def fuse_heads(attentions: np.ndarray, head_fusion: str) -> np.ndarray:
+    """[..., heads, T, T] -> [..., T, T] by the mean, max or min over heads."""
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion: expected one of {', '.join(HEAD_FUSIONS)}, got {head_fusion!r}")
+    return getattr(np, head_fusion)(attentions, axis=-3)
+
+
+def discard_lowest(attention: np.ndarray, discard_ratio: float) -> np.ndarray:
+    """Zero the lowest `discard_ratio` of the patch-to-patch weights of each [T, T] matrix.
+
+    attention: [..., T, T]. Row 0 and column 0 (the class token's attention and the
+    attention paid to it) are never discarded. A weight goes when it is below the weight
+    ranked just above the discarded share, so tied weights share one fate and equal
+    weights are all kept. Returns a copy; rows are not renormalised.
+    """
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio: expected a value in [0, 1), got {discard_ratio}")
+    result = np.array(attention, dtype=np.float32)
+    patches = result[..., 1:, 1:]  # [..., N, N], a view into result
+    flat = patches.reshape(*patches.shape[:-2], -1)  # [..., N*N]
+    count = int(discard_ratio * flat.shape[-1])
+    if count == 0:
+        return result
+    lowest_kept = np.partition(flat, count, axis=-1)[..., count, None, None]  # [..., 1, 1]
+    result[..., 1:, 1:] = np.where(patches < lowest_kept, 0.0, patches)
+    return result
+
+
+def add_residual(attention: np.ndarray) -> np.ndarray:
+    """[..., T, T] -> (attention + I) with every row renormalised to sum to 1."""
+    mixed = attention + np.eye(attention.shape[-1], dtype=np.float32)
+    return mixed / mixed.sum(axis=-1, keepdims=True)
+
+
+def scale_maps(maps: np.ndarray) -> np.ndarray:
+    """[..., h, w] -> each map min-max scaled to [0, 1].
+
+    A map whose spread is below 1e-5 of its largest value is float round-off around a
+    constant: it becomes all zeros (no patch stands out) instead of amplified noise.
+    """
+    low = maps.min(axis=(-2, -1), keepdims=True)
+    high = maps.max(axis=(-2, -1), keepdims=True)
+    flat = (high - low) <= 1e-5 * np.abs(high)
+    scaled = (maps - low) / np.where(flat, 1.0, high - low)
+    return np.where(flat, 0.0, scaled).astype(np.float32)
+
+
+def layer_rollouts(attentions: Any, head_fusion: str = "mean", discard_ratio: float = 0.0,
+                   grid_size: tuple[int, int] | None = None) -> np.ndarray:
+    """Rollout through the first 1, 2, ..., depth layers: [depth, B, grid_h, grid_w] in [0, 1].
+
+    The last entry is `attention_rollout`; the others show how the map builds up.
+    """
+    attentions = as_numpy(attentions)
+    _check_attentions(attentions)
+    depth, batch, _, tokens, _ = attentions.shape
+    grid_h, grid_w = _grid(tokens - 1, grid_size)
+    mixed = add_residual(discard_lowest(fuse_heads(attentions, head_fusion), discard_ratio))  # [L, B, T, T]
+
+    joint = mixed[0]  # [B, T, T]: how layer 1's outputs draw on the input tokens
+    class_rows = [joint[:, 0, 1:]]  # each [B, N]
+    for layer in mixed[1:]:
+        joint = layer @ joint
+        class_rows.append(joint[:, 0, 1:])
+    maps = np.stack(class_rows).reshape(depth, batch, grid_h, grid_w)
+    return scale_maps(maps)
+
+
+def attention_rollout(attentions: Any, head_fusion: str = "mean", discard_ratio: float = 0.0,
+                      grid_size: tuple[int, int] | None = None) -> np.ndarray:
+    """Attention rollout: [depth, B, heads, T, T] attentions -> [B, grid_h, grid_w] in [0, 1].
+
+    Args:
+        attentions: post-softmax attention weights of every layer, a torch tensor or a
+            NumPy array (as `model(x, output_attentions=True)` or the ONNX graph return).
+        head_fusion: "mean", "max" or "min" over the heads of a layer.
+        discard_ratio: share of each layer's patch-to-patch weights to zero per sample
+            (the weakest ones) before adding the residual; entries of the class token are kept.
+        grid_size: (grid_h, grid_w) of the patch grid; needed when it is not square
+            (e.g. `config.grid_size`).
+
+    Returns:
+        NumPy float32 [B, grid_h, grid_w], each map scaled to [0, 1].
+    """
+    return layer_rollouts(attentions, head_fusion, discard_ratio, grid_size)[-1]
+
+
+def gradient_rollout(attentions: Any, gradients: Any,
+                     grid_size: tuple[int, int] | None = None) -> np.ndarray:
+    """Class-specific rollout (Chefer et al., 2021, "Generic attention-model explainability").
+
+    Each layer's attention is weighted by the gradient of the chosen class score with
+    respect to it, negative contributions are dropped, heads are averaged, and the
+    layers are combined as R <- R + A_bar @ R starting from R = I.
+
+    attentions, gradients: [depth, B, heads, T, T]. Returns [B, grid_h, grid_w] in [0, 1].
+    """
+    attentions, gradients = as_numpy(attentions), as_numpy(gradients)
+    _check_attentions(attentions)
+    if gradients.shape != attentions.shape:
+        raise ValueError(
+            f"expected gradients shaped like the attentions {list(attentions.shape)}, "
+            f"got {list(gradients.shape)}"
+        )
+    _, batch, _, tokens, _ = attentions.shape
+    grid_h, grid_w = _grid(tokens - 1, grid_size)
+    weighted = np.clip(attentions * gradients, 0.0, None).mean(axis=2)  # [L, B, T, T]
+    relevance = np.broadcast_to(np.eye(tokens, dtype=np.float32), (batch, tokens, tokens))
+    for layer in weighted:
+        relevance = relevance + layer @ relevance
+    return scale_maps(relevance[:, 0, 1:].reshape(batch, grid_h, grid_w))
+
+
+def attention_gradients(model: Any, pixel_values: Any, class_index: Any = None):
+    """Attentions and their gradients for `gradient_rollout`, from the torch model.
+
+    pixel_values: [B, C, H, W] tensor. class_index: int or [B] ints; the predicted class
+    when None. Returns (logits [B, classes], attentions, gradients), both [depth, B,
+    heads, T, T] tensors. Captures each block's attention weights with forward hooks on
+    the explicit-softmax path (taken because output_attentions=True).
+    """
+    import torch
+
+    captured = []
+    hooks = [block.attention.register_forward_hook(lambda _m, _i, out: captured.append(out[1]))
+             for block in model.blocks]
+    try:
+        with torch.enable_grad():
+            logits, _ = model(pixel_values, output_attentions=True)
+            if any(weights is None for weights in captured) or len(captured) != len(model.blocks):
+                raise RuntimeError("the model returned no attention weights to differentiate")
+            if class_index is None:
+                class_index = logits.argmax(dim=-1)
+            target = torch.as_tensor(class_index, device=logits.device).reshape(-1, 1)
+            score = logits.gather(1, target.expand(logits.shape[0], 1)).sum()
+            gradients = torch.autograd.grad(score, captured)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return logits.detach(), torch.stack(captured).detach(), torch.stack(gradients)
+
+
+def heatmap(mask: Any, size: tuple[int, int], colormap: str = "jet") -> np.ndarray:
+    """[h, w] mask in [0, 1] -> uint8 RGB heat map [height, width, 3] for size=(width, height),
+    upsampled bilinearly and coloured through the colormap's 256-entry table."""
+    mask = as_numpy(mask)
+    if mask.ndim != 2:
+        raise ValueError(f"expected a 2-D mask [grid_h, grid_w], got shape {list(mask.shape)}")
+    if colormap not in colormaps:
+        raise ValueError(f"unknown matplotlib colormap {colormap!r}")
+    upsampled = np.asarray(Image.fromarray(np.clip(mask, 0.0, 1.0)).resize(size, Image.Resampling.BILINEAR))
+    table = (colormaps[colormap](np.linspace(0.0, 1.0, 256))[:, :3] * 255.0).round().astype(np.uint8)  # [256, 3]
+    return table[(upsampled * 255.0).round().astype(np.uint8)]  # [height, width, 3]
+
+
+def overlay(image: Image.Image, mask: Any, alpha: float = 0.5, colormap: str = "jet") -> Image.Image:
+    """Blend a rollout mask over an image: RGB PIL image of the image's size.
+
+    mask: [grid_h, grid_w] in [0, 1], upsampled bilinearly to the image size and coloured
+    with a matplotlib colormap; alpha is the heat map's weight (0 = image only).
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha: expected a value in [0, 1], got {alpha}")
+    heat = Image.fromarray(heatmap(mask, image.size, colormap))
+    return Image.blend(image.convert("RGB"), heat, alpha)
