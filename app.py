@@ -255,7 +255,8 @@ def explain(predictor: Predictor, view: Image.Image, display: Image.Image, head_
     config = predictor.config
     pixels = preprocess(view, config)[None]  # [1, C, H, W]
     probabilities, attentions = predictor.predict(pixels)
-    maps = layer_rollouts(attentions, head_fusion, float(discard_ratio), config.grid_size)[:, 0]  # [depth, h, w]
+    maps = layer_rollouts(attentions, head_fusion, float(discard_ratio), config.grid_size,
+                          config.pooling)[:, 0]  # [depth, h, w]
     scores = dict(top_k(probabilities, config.labels, int(k))[0])
     model_view = view.resize(tuple(reversed(config.image_size)), Image.Resampling.BILINEAR)
     return Explanation(scores, overlay(display, maps[-1]), layer_strip(model_view, maps))
@@ -369,9 +370,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=str(DEFAULT_MODEL),
                         help="model dir or Hugging Face Hub repo id (default: the bundled MNIST model)")
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch",
-                        help="onnx runs ONNX Runtime; it exports model.onnx first when the model has none")
+                        help="onnx runs ONNX Runtime on model_attentions.onnx, exported to a temp dir "
+                             "first when the model has none")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--port", type=int, default=7860, help="default: 7860")
     return parser.parse_args(argv)
 
 

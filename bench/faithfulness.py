@@ -102,10 +102,10 @@ def main() -> None:
 
     rows = []
     for head_fusion, discard_ratio in SETTINGS:
-        maps = attention_rollout(attentions, head_fusion, discard_ratio, grid)
+        maps = attention_rollout(attentions, head_fusion, discard_ratio, grid, config.pooling)
         rows.append((f"rollout {head_fusion}, discard {discard_ratio}", drop(top_patches(maps, count))))
     _, grad_attentions, gradients = attention_gradients(model, torch.from_numpy(pixels), torch.from_numpy(labels))
-    rows.append(("gradient rollout (true class)", drop(top_patches(gradient_rollout(grad_attentions, gradients, grid), count))))
+    rows.append(("gradient rollout (true class)", drop(top_patches(gradient_rollout(grad_attentions, gradients, grid, config.pooling), count))))
 
     print(f"model {args.model}: accuracy {accuracy:.4f} on the first {args.images} MNIST test images; "
           f"masking {count} of {grid[0] * grid[1]} patches ({args.share:.0%}) with the background value "

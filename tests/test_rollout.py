@@ -23,7 +23,7 @@ def random_attentions(depth=3, batch=4, heads=2, tokens=7, seed=0) -> np.ndarray
     return (weights / weights.sum(-1, keepdims=True)).astype(np.float32)
 
 
-def reference_rollout(attentions, head_fusion, discard_ratio, grid):
+def reference_rollout(attentions, head_fusion, discard_ratio, grid, pooling="cls"):
     """Plain loops over batch items, one matrix at a time: what the vectorised code must equal."""
     depth, batch, _, tokens, _ = attentions.shape
     maps = []
@@ -38,7 +38,7 @@ def reference_rollout(attentions, head_fusion, discard_ratio, grid):
             mixed = fused + np.eye(tokens)
             mixed /= mixed.sum(axis=1)[:, None]
             joint = mixed @ joint
-        row = joint[0, 1:]
+        row = joint[0, 1:] if pooling == "cls" else joint[1:, 1:].mean(axis=0)
         maps.append(((row - row.min()) / (row.max() - row.min())).reshape(grid))
     return np.stack(maps)
 
@@ -51,6 +51,15 @@ def test_matches_per_item_reference(head_fusion, discard_ratio):
     assert maps.shape == (4, 3, 4) and maps.dtype == np.float32
     expected = reference_rollout(attentions, head_fusion, discard_ratio, (3, 4))
     np.testing.assert_allclose(maps, expected, atol=1e-5)
+
+
+def test_mean_pooling_reads_the_patch_rows():
+    attentions = random_attentions(tokens=13)
+    maps = attention_rollout(attentions, "max", 0.3, grid_size=(3, 4), pooling="mean")
+    np.testing.assert_allclose(maps, reference_rollout(attentions, "max", 0.3, (3, 4), "mean"), atol=1e-5)
+    assert not np.allclose(maps, attention_rollout(attentions, "max", 0.3, grid_size=(3, 4)))
+    with pytest.raises(ValueError, match="pooling"):
+        attention_rollout(attentions, grid_size=(3, 4), pooling="max")
 
 
 @pytest.mark.parametrize("head_fusion", ["mean", "max", "min"])

@@ -27,6 +27,7 @@ from matplotlib import colormaps
 from PIL import Image
 
 HEAD_FUSIONS = ("mean", "max", "min")
+POOLINGS = ("cls", "mean")  # which tokens feed the head: as ViTConfig.pooling
 
 
 def as_numpy(array: Any) -> np.ndarray:
@@ -59,6 +60,16 @@ def _grid(num_patches: int, grid_size: tuple[int, int] | None) -> tuple[int, int
     if grid_h * grid_w != num_patches:
         raise ValueError(f"grid_size {grid_h}x{grid_w} does not match the {num_patches} patch tokens")
     return grid_h, grid_w
+
+
+def _readout(joint: np.ndarray, pooling: str) -> np.ndarray:
+    """[B, T, T] joint attention -> [B, N]: how much each patch feeds the pooled token(s),
+    the class token's row ("cls") or the mean of the patch tokens' rows ("mean")."""
+    if pooling == "cls":
+        return joint[:, 0, 1:]
+    if pooling == "mean":
+        return joint[:, 1:, 1:].mean(axis=1)
+    raise ValueError(f"pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
 
 
 def fuse_heads(attentions: np.ndarray, head_fusion: str) -> np.ndarray:
@@ -109,7 +120,7 @@ def scale_maps(maps: np.ndarray) -> np.ndarray:
 
 
 def layer_rollouts(attentions: Any, head_fusion: str = "mean", discard_ratio: float = 0.0,
-                   grid_size: tuple[int, int] | None = None) -> np.ndarray:
+                   grid_size: tuple[int, int] | None = None, pooling: str = "cls") -> np.ndarray:
     """Rollout through the first 1, 2, ..., depth layers: [depth, B, grid_h, grid_w] in [0, 1].
 
     The last entry is `attention_rollout`; the others show how the map builds up.
@@ -121,16 +132,16 @@ def layer_rollouts(attentions: Any, head_fusion: str = "mean", discard_ratio: fl
     mixed = add_residual(discard_lowest(fuse_heads(attentions, head_fusion), discard_ratio))  # [L, B, T, T]
 
     joint = mixed[0]  # [B, T, T]: how layer 1's outputs draw on the input tokens
-    class_rows = [joint[:, 0, 1:]]  # each [B, N]
+    readouts = [_readout(joint, pooling)]  # each [B, N]
     for layer in mixed[1:]:
         joint = layer @ joint
-        class_rows.append(joint[:, 0, 1:])
-    maps = np.stack(class_rows).reshape(depth, batch, grid_h, grid_w)
+        readouts.append(_readout(joint, pooling))
+    maps = np.stack(readouts).reshape(depth, batch, grid_h, grid_w)
     return scale_maps(maps)
 
 
 def attention_rollout(attentions: Any, head_fusion: str = "mean", discard_ratio: float = 0.0,
-                      grid_size: tuple[int, int] | None = None) -> np.ndarray:
+                      grid_size: tuple[int, int] | None = None, pooling: str = "cls") -> np.ndarray:
     """Attention rollout: [depth, B, heads, T, T] attentions -> [B, grid_h, grid_w] in [0, 1].
 
     Args:
@@ -141,22 +152,25 @@ def attention_rollout(attentions: Any, head_fusion: str = "mean", discard_ratio:
             (the weakest ones) before adding the residual; entries of the class token are kept.
         grid_size: (grid_h, grid_w) of the patch grid; needed when it is not square
             (e.g. `config.grid_size`).
+        pooling: "cls" reads the class token's row (the default ViT head); "mean" averages
+            the patch tokens' rows, for models that pool by the mean (`config.pooling`).
 
     Returns:
         NumPy float32 [B, grid_h, grid_w], each map scaled to [0, 1].
     """
-    return layer_rollouts(attentions, head_fusion, discard_ratio, grid_size)[-1]
+    return layer_rollouts(attentions, head_fusion, discard_ratio, grid_size, pooling)[-1]
 
 
-def gradient_rollout(attentions: Any, gradients: Any,
-                     grid_size: tuple[int, int] | None = None) -> np.ndarray:
+def gradient_rollout(attentions: Any, gradients: Any, grid_size: tuple[int, int] | None = None,
+                     pooling: str = "cls") -> np.ndarray:
     """Class-specific rollout (Chefer et al., 2021, "Generic attention-model explainability").
 
     Each layer's attention is weighted by the gradient of the chosen class score with
     respect to it, negative contributions are dropped, heads are averaged, and the
     layers are combined as R <- R + A_bar @ R starting from R = I.
 
-    attentions, gradients: [depth, B, heads, T, T]. Returns [B, grid_h, grid_w] in [0, 1].
+    attentions, gradients: [depth, B, heads, T, T]; grid_size and pooling as for
+    `attention_rollout`. Returns [B, grid_h, grid_w] in [0, 1].
     """
     attentions, gradients = as_numpy(attentions), as_numpy(gradients)
     _check_attentions(attentions)
@@ -171,7 +185,7 @@ def gradient_rollout(attentions: Any, gradients: Any,
     relevance = np.broadcast_to(np.eye(tokens, dtype=np.float32), (batch, tokens, tokens))
     for layer in weighted:
         relevance = relevance + layer @ relevance
-    return scale_maps(relevance[:, 0, 1:].reshape(batch, grid_h, grid_w))
+    return scale_maps(_readout(relevance, pooling).reshape(batch, grid_h, grid_w))
 
 
 def attention_gradients(model: Any, pixel_values: Any, class_index: Any = None):
