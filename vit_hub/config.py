@@ -20,10 +20,13 @@ PATCH_EMBEDDINGS = ("conv", "shifted")  # "shifted" = shifted patch tokenization
 
 # Architecture presets. Any field given explicitly overrides the preset.
 PRESETS: dict[str, dict[str, Any]] = {
-    # 28x28 grayscale digits: 7x7 = 49 patches of 4x4 pixels, 0.3 M parameters.
+    # 28x28 grayscale digits: 7x7 = 49 patches of 4x4 pixels, 0.3 M parameters. Shifted
+    # patches: after 250 steps 0.755 validation accuracy vs 0.442 with plain conv patches
+    # (bench/early_learning.py); a plain ViT sits on a plateau for its first epochs here.
     "mnist": dict(
         image_size=28, patch_size=4, in_channels=1, embed_dim=64, depth=6, num_heads=4,
-        mlp_ratio=4.0, mean=[0.1307], std=[0.3081], labels=[str(digit) for digit in range(10)],
+        mlp_ratio=4.0, patch_embedding="shifted", mean=[0.1307], std=[0.3081],
+        labels=[str(digit) for digit in range(10)],
     ),
     # Small-data preset for photo folders of a few hundred to a few thousand images:
     # small patches, a narrow and shallow model, shifted patches and locality attention.
