@@ -313,9 +313,9 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                     if config.in_channels == 1:
                         with gr.Tab("Draw"):
                             drawing = gr.Sketchpad(
-                                type="pil", image_mode="RGB", canvas_size=(400, 400), label="Draw a digit",
+                                type="pil", image_mode="RGB", canvas_size=(400, 400), label="Draw a digit (pick the brush on the left first)",
                                 brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),
-                                layers=False,
+                                layers=False, elem_id="drawing",
                             )
                             submit_drawing = gr.Button("Classify drawing", variant="primary")
                 head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")

@@ -50,22 +50,48 @@ def url():
     demo.close()
 
 
-def test_upload_classify_and_screenshot(url):
-    from playwright.sync_api import expect, sync_playwright
+@pytest.fixture
+def page(url):
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 860})
             page.goto(url, wait_until="domcontentloaded")
-            page.locator("#upload input[type=file]").set_input_files(str(SAMPLE))
-            expect(page.locator("#upload img")).to_be_visible(timeout=30_000)
-            page.get_by_role("button", name="Classify", exact=True).click()
-            expect(page.get_by_test_id("label-output-value")).to_have_text("7", timeout=60_000)
-            expect(page.locator("#rollout img")).to_be_visible(timeout=30_000)
-            expect(page.locator("#layer-strip img")).to_be_visible(timeout=30_000)
-            SCREENSHOT.parent.mkdir(exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT), full_page=True)
+            yield page
         finally:
             browser.close()
+
+
+def test_upload_classify_and_screenshot(page):
+    from playwright.sync_api import expect
+
+    page.locator("#upload input[type=file]").set_input_files(str(SAMPLE))
+    expect(page.locator("#upload img")).to_be_visible(timeout=30_000)
+    page.get_by_role("button", name="Classify", exact=True).click()
+    expect(page.get_by_test_id("label-output-value")).to_have_text("7", timeout=60_000)
+    expect(page.locator("#rollout img")).to_be_visible(timeout=30_000)
+    expect(page.locator("#layer-strip img")).to_be_visible(timeout=30_000)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_a_stroke_drawn_with_the_mouse_is_a_one(page):
+    """The sketchpad path end to end: the browser's own payload, inversion and centring."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Draw").click()
+    canvas = page.locator("#drawing canvas").first
+    expect(canvas).to_be_visible(timeout=30_000)
+    page.get_by_role("button", name="Brush").click()
+    box = canvas.bounding_box()
+    x, top, height = box["x"] + box["width"] / 2, box["y"], box["height"]
+    page.mouse.move(x, top + 0.2 * height)
+    page.mouse.down()
+    for step in range(1, 21):  # a vertical stroke through the middle, in small moves
+        page.mouse.move(x, top + (0.2 + 0.03 * step) * height)
+    page.mouse.up()
+    page.get_by_role("button", name="Classify drawing").click()
+    expect(page.get_by_test_id("label-output-value")).to_have_text("1", timeout=60_000)
