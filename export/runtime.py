@@ -74,14 +74,17 @@ def requested_providers(providers: str | Sequence[Any]) -> tuple[list[Any], bool
 
 def _nvidia_driver_loads() -> bool:
     """Whether the CUDA driver library can be loaded (without it CUDA cannot start)."""
-    library = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
     if sys.platform == "darwin":
         return False
     try:
-        ctypes.CDLL(library)
+        ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
     except OSError:
         return False
     return True
+
+
+def _cuda_can_start() -> bool:
+    return CUDA in ort.get_available_providers() and _nvidia_driver_loads()
 
 
 def cuda_unavailable_reason() -> str:
@@ -112,7 +115,7 @@ def create_session(path: Path, providers: list[Any], threads: int | None = None)
         options.intra_op_num_threads = threads
     if _provider_name(providers[0]) != CUDA:
         return ort.InferenceSession(str(path), options, providers=providers)
-    if not _nvidia_driver_loads():  # CUDA cannot start: skip the slow, noisy attempt
+    if not _cuda_can_start():  # skip the slow attempt and onnxruntime's own warnings
         return ort.InferenceSession(str(path), options, providers=providers[1:] or [CPU])
     with contextlib.suppress(OSError):  # CUDA/cuDNN from the nvidia-* wheels, as torch would load them
         ort.preload_dlls()

@@ -188,7 +188,7 @@ def test_runtime_works_where_torch_cannot_be_imported(exported, tmp_path):
         classifier = OnnxClassifier({str(exported)!r})
         ranked = classifier.predict({str(image)!r}, top_k=2)
         logits, attentions = classifier.run(classifier.preprocess([{str(image)!r}]), attentions=True)
-        assert [label for label, _ in ranked] == sorted(["bright_disc", "dark_square"], key=lambda l: -dict(ranked)[l])
+        assert sorted(label for label, _ in ranked) == ["bright_disc", "dark_square"] and ranked[0][1] >= ranked[1][1]
         assert attentions.shape == (2, 1, 2, 17, 17), attentions.shape
         assert not any(name.split(".")[0] in ("torch", "torchvision") for name in sys.modules)
         print("torch-free:", classifier.providers)
@@ -245,7 +245,7 @@ def test_predict_takes_paths_pil_images_and_arrays(classifier, tmp_path):
     path = tmp_path / "square.jpg"
     Image.new("RGB", (48, 32), (30, 40, 70)).save(path)
     single = classifier.predict(path, top_k=2)
-    assert [label for label, _ in single] and {label for label, _ in single} == {"bright_disc", "dark_square"}
+    assert {label for label, _ in single} == {"bright_disc", "dark_square"}
     assert single[0][1] >= single[1][1] and abs(sum(p for _, p in single) - 1) < 1e-5
     batch = classifier.predict([str(path), Image.open(path), np.asarray(Image.open(path))], top_k=1)
     assert len(batch) == 3 and all(len(ranked) == 1 for ranked in batch)
