@@ -109,11 +109,6 @@ def tiny_config(**overrides) -> dict:
     return values
 
 
-@pytest.fixture
-def tiny_kwargs() -> dict:
-    return tiny_config()
-
-
 # Command-line flags of a tiny, fast training run (a sweep or train on the generated folders).
 TINY_TRAIN_FLAGS = [
     "--image-size", "16", "--patch-size", "4", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,6 +84,17 @@ def test_val_folder_is_used_as_given(tmp_path):
         splits.split("test")
 
 
+def test_hidden_folders_are_not_classes_and_extensions_ignore_case(tmp_path):
+    files = write_class_folders(tmp_path, per_class=2, seed=0)
+    files[0].rename(files[0].with_suffix(".PNG"))
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    files[1].rename(tmp_path / ".ipynb_checkpoints" / files[1].name)
+    splits = load_splits(str(tmp_path), val_split=0.0)
+    assert splits.labels == LABELS
+    assert sorted(Path(path).name for path, _ in splits.train.samples) == sorted(
+        [files[0].with_suffix(".PNG").name] + [path.name for path in files[2:]])
+
+
 def test_test_folder_with_a_class_train_lacks_is_an_error(tmp_path):
     write_class_folders(tmp_path / "train", per_class=2, seed=0)
     write_class_folders(tmp_path / "test", per_class=1, seed=1)
@@ -132,7 +144,9 @@ def test_unusable_folders_give_one_clear_error(tmp_path, make, message):
     assert "\n" not in str(raised.value)
 
 
-@pytest.mark.parametrize("name, dataset_class", [("cifar10", "CIFAR10"), ("svhn", "SVHN"), ("Fashion-MNIST", "FashionMNIST")])
+@pytest.mark.parametrize("name, dataset_class", [
+    ("cifar10", "CIFAR10"), ("svhn", "SVHN"), ("Fashion-MNIST", "FashionMNIST"),
+])
 def test_torchvision_dataset_missing_under_data_root(tmp_path, name, dataset_class):
     with pytest.raises(DataError, match=f"expected torchvision's {dataset_class} files under --data-root {tmp_path}"
                                         r" \(this tool never downloads\)"):

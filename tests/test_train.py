@@ -175,7 +175,8 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(split_image_folder
     paused, stdout, _ = quietly(train, settings, stop_after_epochs=1)
     assert len(paused["history"]) == 1 and "paused after epoch 1 of 2" in stdout
     assert read_checkpoint_state(out)["epoch"] == 1
-    resumed, _, _ = quietly(train, TrainSettings(data="", out=str(out)), resume=True)  # settings come from the checkpoint
+    # --resume: every setting comes from the checkpoint
+    resumed, _, _ = quietly(train, TrainSettings(data="", out=str(out)), resume=True)
     assert [record["epoch"] for record in resumed["history"]] == [1, 2]
     if workers == 0:
         assert_same_run(out, straight_run)

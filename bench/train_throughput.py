@@ -1,0 +1,251 @@
+"""Training-step throughput of vit_hub's VisionTransformer against timm's, at identical configs.
+
+    python bench/train_throughput.py [--threads 1] [--rounds 15] [--steps 3] [--configs mnist cifar]
+                                     [--profile] [--compile]
+
+One training step = forward, label-smoothed cross entropy, backward, gradient clipping and an
+AdamW step (what `vit_hub.train` does), on synthetic tensors (no data loading). Both models
+are timed in the same process, in alternating rounds of `--steps` steps (the order flips every
+round), so machine noise hits both alike; medians and ratios are reported.
+
+Two clocks: wall time, and the process's CPU time divided by the thread count. On a machine
+shared with other jobs the wall clock also counts the time this process waited for a core;
+with one thread CPU time does not, so it is the steadier measure there (with more threads it
+also counts threads spinning while they wait for each other).
+
+timm is configured to match: qkv bias, MLP ratio, LayerNorm eps 1e-6, a class token with
+positions on the patch tokens only (`no_embed_class=True`, as ours), class-token pooling,
+all dropout rates 0; parameter counts are checked equal. Achieved GFLOP/s uses
+`torch.utils.flop_counter` on one step (forward + backward; the attention matmuls are added
+by hand when the fused CPU kernel is not counted), against this machine's fp32 matmul peak
+measured with `torch.mm` at the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vit_hub.config import PRESETS  # noqa: E402
+from vit_hub.model import VisionTransformer  # noqa: E402
+
+# The mnist preset with ViT's plain conv patch embedding: timm has no shifted patch tokenization.
+# The preset as shipped (shifted patches) is timed too, as a third model, to show what it costs.
+CONFIGS = {
+    "mnist": dict(PRESETS["mnist"], patch_embedding="conv", batch_size=128),
+    "cifar": dict(image_size=32, patch_size=4, in_channels=3, embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0,
+                  labels=[str(i) for i in range(10)], batch_size=128),
+}
+SHIFTED = "vit_hub, shifted patches"
+
+
+def models_for(name: str) -> tuple[str, ...]:
+    shipped_shifted = name == "mnist" and PRESETS["mnist"].get("patch_embedding") == "shifted"
+    return ("vit_hub", "timm", SHIFTED) if shipped_shifted else ("vit_hub", "timm")
+
+
+def build(name: str, config: dict) -> torch.nn.Module:
+    ours = {k: v for k, v in config.items() if k != "batch_size"}
+    if name == "vit_hub":
+        return VisionTransformer(**ours)
+    if name == SHIFTED:
+        return VisionTransformer(**{**ours, "patch_embedding": "shifted"})
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    return TimmViT(
+        img_size=config["image_size"], patch_size=config["patch_size"], in_chans=config["in_channels"],
+        num_classes=len(config["labels"]), global_pool="token", embed_dim=config["embed_dim"],
+        depth=config["depth"], num_heads=config["num_heads"], mlp_ratio=config["mlp_ratio"], qkv_bias=True,
+        class_token=True, no_embed_class=True, drop_rate=0.0, pos_drop_rate=0.0, proj_drop_rate=0.0,
+        attn_drop_rate=0.0, drop_path_rate=0.0,  # norm_layer defaults to LayerNorm(eps=1e-6)
+    )
+
+
+class Stepper:
+    """One model, its AdamW and a fixed synthetic batch; `step()` is one training step."""
+
+    def __init__(self, model: torch.nn.Module, config: dict, device: torch.device, compile: bool = False):
+        self.model = model.to(device).train()
+        self.network = torch.compile(self.model) if compile else self.model
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.05)
+        generator = torch.Generator().manual_seed(0)
+        side = config["image_size"]
+        self.images = torch.randn(config["batch_size"], config["in_channels"], side, side,
+                                  generator=generator).to(device)
+        self.labels = torch.randint(0, len(config["labels"]), (config["batch_size"],), generator=generator).to(device)
+        self.device = device
+
+    def step(self, eager: bool = False) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        network = self.model if eager else self.network
+        loss = F.cross_entropy(network(self.images), self.labels, label_smoothing=0.1)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+
+    def time_steps(self, steps: int) -> tuple[float, float]:
+        """(wall seconds, CPU seconds) per step over `steps` consecutive steps."""
+        self._sync()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            self.step()
+        self._sync()
+        return (time.perf_counter() - wall) / steps, (time.process_time() - cpu) / steps
+
+    def flops_per_step(self, config: dict) -> int:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            self.step(eager=True)  # the same arithmetic, compiled or not
+        counted = counter.get_total_flops()
+        if not any("scaled_dot_product" in str(op) for op in counter.get_flop_counts().get("Global", {})):
+            counted += attention_flops(config)  # the fused CPU kernel is invisible to the counter
+        return counted
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def attention_flops(config: dict) -> int:
+    """q kᵀ and weights·v of every block, forward (2 matmuls) + backward (4): 3x forward."""
+    tokens = 1 + (config["image_size"] // config["patch_size"]) ** 2
+    forward = config["depth"] * 2 * (2 * config["batch_size"] * tokens * tokens * config["embed_dim"])
+    return 3 * forward
+
+
+def matmul_peak(device: torch.device, n: int = 2048, repeats: int = 10) -> tuple[float, float]:
+    """Best fp32 GFLOP/s of an n x n x n torch.mm: (by wall time, by CPU time / threads)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    torch.mm(a, b)
+    best_wall = best_cpu = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall, cpu = time.perf_counter(), time.process_time()
+        torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best_wall = min(best_wall, time.perf_counter() - wall)
+        best_cpu = min(best_cpu, (time.process_time() - cpu) / torch.get_num_threads())
+    flops = 2 * n**3
+    return flops / best_wall / 1e9, flops / max(best_cpu, 1e-9) / 1e9
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.2f}/{five:.2f}"
+
+
+def profile(stepper: Stepper, name: str, rows: int = 15) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    stepper.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if stepper.device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        for _ in range(3):
+            stepper.step()
+    sort = "self_cuda_time_total" if stepper.device.type == "cuda" else "self_cpu_time_total"
+    print(f"\n### profile: {name} (3 steps, top {rows} ops by self time)\n")
+    print(prof.key_averages().table(sort_by=sort, row_limit=rows))
+
+
+def measure(name: str, config: dict, args: argparse.Namespace, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    models = models_for(name)
+    steppers = {model: Stepper(build(model, config), config, device, args.compile) for model in models}
+    counts = {model: sum(p.numel() for p in stepper.model.parameters()) for model, stepper in steppers.items()}
+    if counts["vit_hub"] != counts["timm"]:
+        raise SystemExit(f"{name}: parameter counts differ: {counts}")
+    flops = {model: stepper.flops_per_step(config) for model, stepper in steppers.items()}
+    for stepper in steppers.values():  # warm-up: allocator, kernels, AdamW state
+        stepper.time_steps(args.warmup)
+    wall: dict[str, list[float]] = {model: [] for model in models}
+    cpu: dict[str, list[float]] = {model: [] for model in models}
+    load_before = load()
+    for round_index in range(args.rounds):
+        for model in (models if round_index % 2 == 0 else models[::-1]):
+            wall_seconds, cpu_seconds = steppers[model].time_steps(args.steps)
+            wall[model].append(wall_seconds)
+            cpu[model].append(cpu_seconds / torch.get_num_threads())
+    batch = config["batch_size"]
+    result = {"name": name, "parameters": counts["vit_hub"], "load": f"{load_before} -> {load()}", "rows": {}}
+    for model in models:  # per-round ratios against timm: rounds are adjacent in time
+        for clock, seconds in (("wall", wall), ("cpu", cpu)):
+            result.setdefault(f"{clock}_round_ratios", {})[model] = [
+                t / o for o, t in zip(seconds[model], seconds["timm"])]
+    for model in models:
+        rates = [batch / s for s in wall[model]]
+        result["rows"][model] = {
+            "wall": statistics.median(rates), "wall_min": min(rates), "wall_max": max(rates),
+            "cpu": batch / statistics.median(cpu[model]),
+            "gflop_step": flops[model] / 1e9,
+            "gflop_s": flops[model] / statistics.median(cpu[model]) / 1e9,  # while holding its cores
+        }
+    if args.profile:
+        for model, stepper in steppers.items():
+            profile(stepper, f"{name} / {model}")
+    return result
+
+
+def describe(config: dict) -> str:
+    side = config["image_size"]
+    return (f"{side}x{side}x{config['in_channels']}, patch {config['patch_size']}, dim {config['embed_dim']}, "
+            f"depth {config['depth']}, heads {config['num_heads']}, batch {config['batch_size']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=15, help="alternating rounds per model")
+    parser.add_argument("--steps", type=int, default=3, help="training steps per round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table per model")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models (the optimizer stays eager)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    import timm
+
+    peaks = [matmul_peak(device)]
+    results = [measure(name, CONFIGS[name], args, device) for name in args.configs]
+    peaks.append(matmul_peak(device))  # before and after: a single measurement can be unlucky
+    peak_wall, peak_cpu = max(p[0] for p in peaks), max(p[1] for p in peaks)
+
+    print(f"command: python bench/train_throughput.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"torch {torch.__version__}, timm {timm.__version__}, device {device}, "
+          f"{torch.get_num_threads()} thread(s), {os.cpu_count()} cores, {'compiled' if args.compile else 'eager'}")
+    print(f"fp32 matmul peak (2048^3 torch.mm, best of 20): {peak_wall:.1f} GFLOP/s by wall time, "
+          f"{peak_cpu:.1f} GFLOP/s by CPU time / threads\n")
+    print("| config | model | img/s wall (min-max) | img/s CPU time | vs timm, wall | vs timm, CPU time "
+          "| GFLOP/step | GFLOP/s (CPU time) | of peak |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for result in results:
+        for model, row in result["rows"].items():
+            wall_ratio = statistics.median(result["wall_round_ratios"][model])
+            cpu_ratio = statistics.median(result["cpu_round_ratios"][model])
+            print(f"| {result['name']} | {model} | {row['wall']:.0f} ({row['wall_min']:.0f}-{row['wall_max']:.0f}) | "
+                  f"{row['cpu']:.0f} | {wall_ratio:.3f}x | {cpu_ratio:.3f}x | {row['gflop_step']:.1f} | "
+                  f"{row['gflop_s']:.1f} | {row['gflop_s'] / peak_cpu:.0%} |")
+    print()
+    for result in results:
+        cpu_ratios, wall_ratios = result["cpu_round_ratios"]["vit_hub"], result["wall_round_ratios"]["vit_hub"]
+        print(f"- {result['name']} ({describe(CONFIGS[result['name']])}): {result['parameters']:,} parameters each; "
+              f"vit_hub/timm per-round ratio, CPU time: median {statistics.median(cpu_ratios):.3f} "
+              f"(range {min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}); wall: median {statistics.median(wall_ratios):.3f} "
+              f"(range {min(wall_ratios):.3f}-{max(wall_ratios):.3f}); load average 1/5 min {result['load']}")
+
+
+if __name__ == "__main__":
+    main()
