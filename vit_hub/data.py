@@ -287,7 +287,8 @@ def compute_mean_std(dataset: Dataset, config: ViTConfig, seed: int = 0,
     images = _sample_images(dataset, max_images, seed)
     pixels = np.stack([np.asarray(resize(to_model_mode(image, config.in_channels), config)) for image in images])
     pixels = pixels.reshape(len(images), -1, config.in_channels).astype(np.float64) / 255.0  # [n, HW, C]
-    return pixels.mean(axis=(0, 1)).round(4).tolist(), pixels.std(axis=(0, 1)).round(4).tolist()
+    std = np.maximum(pixels.std(axis=(0, 1)), 1 / 255)  # a constant channel must not divide by 0
+    return pixels.mean(axis=(0, 1)).round(4).tolist(), std.round(4).tolist()
 
 
 # Transforms --------------------------------------------------------------------------
