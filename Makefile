@@ -31,5 +31,7 @@ browser:
 app: install
 	$(BIN)/python app.py
 
+# One intra-op thread per process: on a 2-core machine running servers and subprocesses
+# beside pytest, OpenMP threads waiting on each other cost more than they give.
 test: install-dev browser
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q

