@@ -6,9 +6,10 @@ client threads, each with its own gradio_client.Client. A request's time covers
 uploading the image, queueing, preprocessing, the forward pass with attentions,
 rollout, rendering both images and downloading them.
 
-Two more numbers put it in context: the model work alone (forward pass + rollout, in
-this process), and a Gradio floor: an endpoint that only echoes a string, served with the
-same launch settings and called the same way.
+More numbers put it in context, measured in this process without Gradio: the forward
+pass with attentions plus rollout, and everything the /predict handler does (read the
+file, preprocess, forward, rollout, draw both images); and a Gradio floor: an endpoint
+that only echoes a string, served with the same launch settings and called the same way.
 
     python bench/app_latency.py [--model models/vit-mnist] [--backends torch onnx]
                                 [--requests 200] [--concurrency 4]
@@ -119,16 +120,21 @@ def measure(command: list[str], call: Callable[[Client, int], Any], args: argpar
                 failures=len(errors), first_error=errors[0] if errors else "")
 
 
-def model_work_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200) -> float:
-    """Median in-process time of one forward pass with attentions plus the rollout."""
-    pixels = [preprocess(path, predictor.config)[None] for path in samples]
-    times = []
+def handler_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200) -> tuple[float, float]:
+    """Median in-process times of (forward pass with attentions + rollout, everything the
+    /predict handler does: read the file, preprocess, forward, rollout, both images)."""
+    model_times, handler_times = [], []
     for index in range(rounds):
         start = time.perf_counter()
-        _, attentions = predictor.predict(pixels[index % len(pixels)])
-        layer_rollouts(attentions, "mean", 0.0, predictor.config.grid_size)
-        times.append(time.perf_counter() - start)
-    return 1000 * float(np.median(times))
+        view = app.to_model_mode(app.read_upload(str(samples[index % len(samples)])), predictor.config.in_channels)
+        pixels = preprocess(view, predictor.config)[None]
+        forward = time.perf_counter()
+        _, attentions = predictor.predict(pixels)
+        layer_rollouts(attentions, "mean", 0.0, predictor.config.grid_size, predictor.config.pooling)
+        model_times.append(time.perf_counter() - forward)
+        app.explain(predictor, view, app.for_display(view), "mean", 0.0, 3)
+        handler_times.append(time.perf_counter() - start - model_times[-1])
+    return 1000 * float(np.median(model_times)), 1000 * float(np.median(handler_times))
 
 
 def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: list[Path]) -> dict:
@@ -142,7 +148,8 @@ def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: l
 
     command = [sys.executable, "app.py", "--model", model, "--backend", backend, "--port"]
     row = measure(command, classify, args)
-    return dict(row, name=f"/predict, {predictor.description}", work=f"{model_work_ms(predictor, samples):.2f}")
+    model, handler = handler_ms(predictor, samples)
+    return dict(row, name=f"/predict, {predictor.description}", model=f"{model:.2f}", handler=f"{handler:.2f}")
 
 
 def main() -> None:
@@ -151,7 +158,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     floor = measure([sys.executable, "-c", ECHO_SERVER], lambda client, i: client.predict(str(i), api_name="/echo"),
                     args)
-    rows = [dict(floor, name="Gradio floor: /echo of a string", work="-")]
+    rows = [dict(floor, name="Gradio floor: /echo of a string", model="-", handler="-")]
     with tempfile.TemporaryDirectory() as onnx_dir:
         for backend in args.backends:
             model = args.model
@@ -163,11 +170,11 @@ def main() -> None:
             rows.append(bench_backend(model, backend, args, samples))
     print(f"{args.requests} requests at concurrency {args.concurrency} through gradio_client, "
           f"model {args.model}, server in its own process")
-    print("| endpoint, backend | p50 ms | p95 ms | requests/s | failures | model work p50 ms (forward + rollout) |")
-    print("|---|---|---|---|---|---|")
+    print("| endpoint, backend | p50 ms | p95 ms | requests/s | failures | forward + rollout ms | whole handler ms |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['name']} | {row['p50']:.1f} | {row['p95']:.1f} | {row['throughput']:.1f} | "
-              f"{row['failures']} | {row['work']} |")
+              f"{row['failures']} | {row['model']} | {row['handler']} |")
         if row["first_error"]:
             print(f"  first failure: {row['first_error']}")
     print(f"\nload average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after "

@@ -110,8 +110,9 @@ def main() -> None:
     print(f"model {args.model}: accuracy {accuracy:.4f} on the first {args.images} MNIST test images; "
           f"masking {count} of {grid[0] * grid[1]} patches ({args.share:.0%}) with the background value "
           f"{', '.join(f'{v:.4f}' for v in background)} (pixel 0)")
-    print(f"mean true-class probability {base.mean():.4f}; random 30 % drop {random_drop:.4f}, "
-          f"random 30 % of ink patches drop {ink_drop:.4f} ({args.draws} draws each)")
+    print(f"mean true-class probability {base.mean():.4f}; random {args.share:.0%} drop {random_drop:.4f}, "
+          f"random {args.share:.0%} of ink patches drop {ink_drop:.4f} ({args.draws} draws each); the largest "
+          f"possible drop (to 0) would be a ratio of {base.mean() / random_drop:.2f}x vs random")
     print(f"| map | mean drop | ratio vs random | ratio vs random ink patches |\n|---|---|---|---|")
     for name, value in rows:
         print(f"| {name} | {value:.4f} | {value / random_drop:.2f}x | {value / ink_drop:.2f}x |")
