@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from .model import VisionTransformer
-from .postprocess import top_k
+from .postprocess import top_k as rank_top_k
 from .preprocess import ImageInput, preprocess_batch
 
 
 @torch.no_grad()
-def predict_images(model: VisionTransformer, images: list[ImageInput], top_k_count: int = 5,
+def predict_images(model: VisionTransformer, images: list[ImageInput], top_k: int = 5,
                    batch_size: int = 64) -> list[list[tuple[str, float]]]:
     """Top-k predictions for each image, preprocessed exactly as the config says."""
     model.eval()
@@ -19,5 +19,5 @@ def predict_images(model: VisionTransformer, images: list[ImageInput], top_k_cou
     for start in range(0, len(images), batch_size):
         pixels = torch.from_numpy(preprocess_batch(images[start:start + batch_size], model.config))
         probabilities = model(pixels.to(device)).softmax(dim=-1).cpu().numpy()
-        results += top_k(probabilities, model.config.labels, top_k_count)
+        results += rank_top_k(probabilities, model.config.labels, top_k)
     return results
