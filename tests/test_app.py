@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -230,9 +231,13 @@ def test_missing_image_and_bad_controls_are_reported(client):
 def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, tmp_path, monkeypatch):
     """--backend onnx on a model dir without ONNX graphs: exported first, then served."""
     pytest.importorskip("onnxruntime")
-    monkeypatch.setattr(app.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
-    onnx = app.load_predictor(MODEL_DIR, "onnx")
-    assert (tmp_path / "model_attentions.onnx").is_file()
+    model_dir, export_dir = tmp_path / "model", tmp_path / "export"
+    model_dir.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(MODEL_DIR / name, model_dir / name)
+    monkeypatch.setattr(app.tempfile, "mkdtemp", lambda prefix: str(export_dir))
+    onnx = app.load_predictor(model_dir, "onnx")
+    assert (export_dir / "model_attentions.onnx").is_file()
     assert onnx.description.startswith("ONNX Runtime")
     demo = app.build_demo(onnx)
     _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
@@ -249,3 +254,16 @@ def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, t
         np.testing.assert_allclose(onnx_attentions, torch_attentions, atol=1e-5)
     finally:
         demo.close()
+
+
+def test_onnx_backend_uses_the_graph_shipped_with_the_model(monkeypatch):
+    needs_bundled_model()
+    if not (MODEL_DIR / "model_attentions.onnx").is_file():
+        pytest.skip(f"{MODEL_DIR} ships no model_attentions.onnx")
+
+    def no_export(model_dir):
+        raise AssertionError(f"exported {model_dir} although it ships an attentions graph")
+
+    monkeypatch.setattr(app, "_export_now", no_export)
+    onnx = app.load_predictor(MODEL_DIR, "onnx")
+    assert onnx.classifier.model_path.parent == MODEL_DIR
