@@ -9,7 +9,9 @@ import sys
 
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 from .layout import ExportLayout
+from .pipeline import export_onnx
 from .quantize import QUANTIZATIONS
+from .verify import VerificationError
 
 # Errors a user can cause; printed as one line, never as a traceback.
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError)
@@ -54,9 +56,6 @@ def summary(report: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .pipeline import export_onnx  # torch loads here, after the arguments parsed
-    from .verify import VerificationError
-
     try:
         path = export_onnx(args.model, args.out, opset=args.opset, attentions=args.attentions,
                            exporter=args.exporter, quantize=args.quantize, calib_data=args.calib_data,

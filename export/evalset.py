@@ -45,8 +45,6 @@ def batches(eval_set: EvalSet, batch_size: int, limit: int | None = None) -> Ite
     """(pixels float32 [B, C, H, W], labels int64 [B]) over the first `limit` images (all by default)."""
     dataset = eval_set.dataset
     if limit is not None:
-        if limit < 1:
-            raise ValueError(f"--eval-limit: expected a positive number of images, got {limit}")
         dataset = Subset(dataset, range(min(limit, len(dataset))))
     workers = vdata.default_workers() if len(dataset) > WORKER_THRESHOLD else 0
     loader = vdata.make_loader(dataset, batch_size, shuffle=False, seed=0, num_workers=workers, pin_memory=False)

@@ -89,6 +89,8 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
     check_export_options(exporter, opset)
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"--quantize: expected one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    if eval_limit is not None and eval_limit < 1:
+        raise ValueError(f"--eval-limit: expected a positive number of images, got {eval_limit}")
     reference, model = _resolve_model(model)
     layout = ExportLayout.for_output(out)
     layout.folder.mkdir(parents=True, exist_ok=True)

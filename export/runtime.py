@@ -9,8 +9,8 @@
 
 Providers: "auto" uses CUDA when this onnxruntime build has it and it starts, else the CPU;
 "cuda" asks for CUDA and warns once if it falls back; "cpu"; or an onnxruntime provider
-list. With a provider asked for by name, `strict=True` raises instead of falling back. On CUDA the input is bound once and the
-outputs are allocated on the device (IO binding).
+list. With a provider asked for by name, `strict=True` raises instead of falling back.
+On CUDA the input is bound once and the outputs are allocated on the device (IO binding).
 """
 
 from __future__ import annotations

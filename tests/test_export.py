@@ -162,6 +162,7 @@ def test_export_into_the_model_dir_keeps_its_config_and_drops_stale_graphs(tiny,
     (dict(exporter="dynamo", opset=17), "opsets 18-23"),
     (dict(exporter="jit"), "expected one of torchscript, dynamo"),
     (dict(quantize="int4"), "expected one of int8"),
+    (dict(quantize="int8", eval_limit=0), "expected a positive number of images, got 0"),
 ])
 def test_bad_export_options_are_one_clear_error(tiny, tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
