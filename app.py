@@ -300,7 +300,7 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
             f"## vit_hub: what the Vision Transformer looks at\n"
             f"{config.num_classes} classes, {config.image_size[0]}x{config.image_size[1]} input, "
             f"{config.depth} layers; backend: {predictor.description}. The overlay is the "
-            f"attention rollout (Abnar & Zuidema, 2020): how much each patch feeds the class token."
+            f"attention rollout (Abnar & Zuidema, 2020): how much each patch feeds the prediction."
         )
         with gr.Row():
             with gr.Column():
@@ -309,13 +309,14 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                         image = gr.Image(type="filepath", label="Image", sources=["upload", "clipboard"],
                                          height=320, elem_id="upload")
                         submit = gr.Button("Classify", variant="primary")
-                        _examples(image)
+                        if config.in_channels == 1:  # the bundled samples are MNIST digits
+                            _examples(image)
                     if config.in_channels == 1:
                         with gr.Tab("Draw"):
                             drawing = gr.Sketchpad(
-                                type="pil", image_mode="RGB", canvas_size=(400, 400), label="Draw a digit (pick the brush on the left first)",
+                                type="pil", image_mode="RGB", canvas_size=(400, 400), layers=False,
+                                label="Draw a digit (pick the brush on the left first)", elem_id="drawing",
                                 brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),
-                                layers=False, elem_id="drawing",
                             )
                             submit_drawing = gr.Button("Classify drawing", variant="primary")
                 head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")

@@ -267,3 +267,24 @@ def test_onnx_backend_uses_the_graph_shipped_with_the_model(monkeypatch):
     monkeypatch.setattr(app, "_export_now", no_export)
     onnx = app.load_predictor(MODEL_DIR, "onnx")
     assert onnx.classifier.model_path.parent == MODEL_DIR
+
+
+def test_an_rgb_model_with_a_non_square_grid(tmp_path):
+    """Any vit_hub model works: RGB, 16x24 input (a 4x6 patch grid); no drawing tab."""
+    from vit_hub.model import VisionTransformer
+
+    VisionTransformer(image_size=[16, 24], patch_size=4, in_channels=3, embed_dim=16, depth=2, num_heads=2,
+                      labels=["cat", "dog", "fox"]).save_pretrained(tmp_path / "rgb")
+    demo = app.build_demo(app.TorchPredictor.load(tmp_path / "rgb", threads=None))
+    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        rgb_client = Client(url, verbose=False)
+        assert "/predict_drawing" not in rgb_client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+        path = tmp_path / "photo.jpg"
+        Image.new("RGB", (90, 60), (200, 120, 40)).save(path)
+        scores, overlay, strip = predict(rgb_client, path, k=5)
+        assert {item["label"] for item in scores["confidences"]} == {"cat", "dog", "fox"}
+        assert Image.open(overlay).size == (360, 240)  # 90x60 scaled 4x for display
+        assert Image.open(strip).size == (2 * (round(24 * 96 / 16) + 4) - 4, 96)  # 2 layers, tiles 144x96
+    finally:
+        demo.close()
