@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .config import ViTConfig
 
@@ -20,6 +20,7 @@ ImageInput = Union[str, Path, Image.Image, np.ndarray]
 # Largest image we agree to decode (pixels): beyond this PIL's own bomb check would fire
 # with a less helpful message.
 MAX_PIXELS = 64_000_000
+ORIENTATION_TAG = 0x0112  # EXIF
 
 
 def open_image(path: str | Path) -> Image.Image:
@@ -66,6 +67,8 @@ def load_image(source: ImageInput) -> Image.Image:
         image = _from_array(source)
     else:
         raise TypeError(f"expected an image path, PIL image or NumPy array, got {type(source).__name__}")
+    if image.getexif().get(ORIENTATION_TAG, 1) != 1:  # a photo stored rotated: use it upright
+        image = ImageOps.exif_transpose(image)
     width, height = image.size
     if width < 2 or height < 2:
         raise ValueError(f"expected an image at least 2x2 pixels, got {width}x{height}")
