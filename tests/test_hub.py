@@ -165,9 +165,10 @@ def test_with_onnx_adds_model_onnx_and_its_report(hub, model_dir, with_onnx):
 def test_with_onnx_exports_model_onnx_first_when_missing(hub, model_dir):
     pytest.importorskip("onnxruntime")
     result = push_to_hub(model_dir, REPO, token=TOKEN, with_onnx=True)
-    assert set(result.files) == PUSHED | {"model.onnx", ONNX_REPORT}
+    assert set(result.files) == PUSHED | {"model.onnx", "model_attentions.onnx", ONNX_REPORT}
     assert hub.files(REPO)["model.onnx"] == (model_dir / "model.onnx").read_bytes()
-    assert json.loads(hub.files(REPO)[ONNX_REPORT])["graphs"]["model.onnx"]
+    report = json.loads(hub.files(REPO)[ONNX_REPORT])["graphs"]
+    assert report["model.onnx"] and report["model_attentions.onnx"]
 
 
 def test_a_card_edited_on_the_hub_is_kept_unless_overwrite_card(hub, model_dir, capsys):

@@ -43,7 +43,8 @@ from .model import VisionTransformer
 
 # What a model dir holds and a push uploads. Checkpoints and other files stay local.
 MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png")
-ONNX_FILES = ("model.onnx", "model.onnx.data", "model_export_report.json")  # as export/layout.py names them
+# As export/layout.py names them; the attentions graph lets the app's ONNX backend show rollout.
+ONNX_FILES = ("model.onnx", "model_attentions.onnx", "model_export_report.json")
 DEFAULT_BRANCH = "main"
 LOGIN_HINT = "--token, HF_TOKEN or `hf auth login`"
 # Which README.md a push committed.
@@ -215,7 +216,8 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
         model_dir: folder written by `vit-hub train`.
         repo_id: "OWNER/NAME".
         private: make the repo private when this push creates it (None: the Hub's default).
-        with_onnx: also upload model.onnx and its export report (exported first if absent).
+        with_onnx: also upload model.onnx, model_attentions.onnx and the export report
+            (exported first if model.onnx is absent).
         revision: branch to commit to (default "main"); created from main if missing.
         commit_message: summary of the commit (default names the folder).
         token: Hub token; default HF_TOKEN, then the cached login.
@@ -265,7 +267,7 @@ def _export_onnx(model_dir: Path) -> None:
         raise HubError(f"--with-onnx: {model_dir} has no model.onnx and the export package is not installed; "
                        f"run `python -m export --model {model_dir} --out {model_dir / 'model.onnx'}`") from None
     try:
-        export_onnx(model_dir, model_dir / "model.onnx")
+        export_onnx(model_dir, model_dir / "model.onnx", attentions=True)
     except VerificationError as error:
         raise HubError(f"--with-onnx: the exported model.onnx failed verification, nothing pushed: {error}") from error
 
