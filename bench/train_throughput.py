@@ -2,6 +2,7 @@
 
     python bench/train_throughput.py [--threads 1] [--rounds 15] [--steps 3] [--configs mnist cifar]
                                      [--profile] [--compile]
+    python bench/train_throughput.py --device cuda --amp bf16 --configs vit-s16   # on a GPU
 
 One training step = forward, label-smoothed cross entropy, backward, gradient clipping and an
 AdamW step (what `vit_hub.train` does), on synthetic tensors (no data loading). Both models
@@ -18,7 +19,8 @@ positions on the patch tokens only (`no_embed_class=True`, as ours), class-token
 all dropout rates 0; parameter counts are checked equal. Achieved GFLOP/s uses
 `torch.utils.flop_counter` on one step (forward + backward; the attention matmuls are added
 by hand when the fused CPU kernel is not counted), against this machine's fp32 matmul peak
-measured with `torch.mm` at the same thread count.
+measured with `torch.mm` at the same thread count (on a GPU: the matmul peak in the step's
+dtype, and the CPU-time column means nothing there: read the wall clock).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ CONFIGS = {
     "mnist": dict(PRESETS["mnist"], patch_embedding="conv", batch_size=128),
     "cifar": dict(image_size=32, patch_size=4, in_channels=3, embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0,
                   labels=[str(i) for i in range(10)], batch_size=128),
+    # ViT-S/16 at ImageNet size and classes: the GPU comparison.
+    "vit-s16": dict(image_size=224, patch_size=16, in_channels=3, embed_dim=384, depth=12, num_heads=6,
+                    mlp_ratio=4.0, labels=[str(i) for i in range(1000)], batch_size=256),
 }
 SHIFTED = "vit_hub, shifted patches"
 
@@ -73,8 +78,10 @@ def build(name: str, config: dict) -> torch.nn.Module:
 class Stepper:
     """One model, its AdamW and a fixed synthetic batch; `step()` is one training step."""
 
-    def __init__(self, model: torch.nn.Module, config: dict, device: torch.device, compile: bool = False):
+    def __init__(self, model: torch.nn.Module, config: dict, device: torch.device, compile: bool = False,
+                 amp: torch.dtype | None = None):
         self.model = model.to(device).train()
+        self.amp = amp
         self.network = torch.compile(self.model) if compile else self.model
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.05)
         generator = torch.Generator().manual_seed(0)
@@ -87,7 +94,9 @@ class Stepper:
     def step(self, eager: bool = False) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         network = self.model if eager else self.network
-        loss = F.cross_entropy(network(self.images), self.labels, label_smoothing=0.1)
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            logits = network(self.images)
+        loss = F.cross_entropy(logits.float(), self.labels, label_smoothing=0.1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
@@ -122,9 +131,10 @@ def attention_flops(config: dict) -> int:
     return 3 * forward
 
 
-def matmul_peak(device: torch.device, n: int = 2048, repeats: int = 10) -> tuple[float, float]:
-    """Best fp32 GFLOP/s of an n x n x n torch.mm: (by wall time, by CPU time / threads)."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+def matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, repeats: int = 10) -> tuple[float, float]:
+    """Best GFLOP/s of an n x n x n torch.mm: (by wall time, by CPU time / threads)."""
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     torch.mm(a, b)
     best_wall = best_cpu = float("inf")
     for _ in range(repeats):
@@ -161,7 +171,8 @@ def profile(stepper: Stepper, name: str, rows: int = 15) -> None:
 def measure(name: str, config: dict, args: argparse.Namespace, device: torch.device) -> dict:
     torch.manual_seed(0)
     models = models_for(name)
-    steppers = {model: Stepper(build(model, config), config, device, args.compile) for model in models}
+    amp = {"none": None, "bf16": torch.bfloat16}[args.amp]
+    steppers = {model: Stepper(build(model, config), config, device, args.compile, amp) for model in models}
     counts = {model: sum(p.numel() for p in stepper.model.parameters()) for model, stepper in steppers.items()}
     if counts["vit_hub"] != counts["timm"]:
         raise SystemExit(f"{name}: parameter counts differ: {counts}")
@@ -188,7 +199,8 @@ def measure(name: str, config: dict, args: argparse.Namespace, device: torch.dev
             "wall": statistics.median(rates), "wall_min": min(rates), "wall_max": max(rates),
             "cpu": batch / statistics.median(cpu[model]),
             "gflop_step": flops[model] / 1e9,
-            "gflop_s": flops[model] / statistics.median(cpu[model]) / 1e9,  # while holding its cores
+            # while holding its cores (CPU) or the GPU's wall clock
+            "gflop_s": flops[model] / statistics.median((wall if device.type == "cuda" else cpu)[model]) / 1e9,
         }
     if args.profile:
         for model, stepper in steppers.items():
@@ -210,26 +222,33 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--amp", choices=["none", "bf16"], default="none", help="autocast the forward pass")
+    parser.add_argument("--batch-size", type=int, help="override the configs' batch size")
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table per model")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (the optimizer stays eager)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.batch_size:
+        for config in CONFIGS.values():
+            config["batch_size"] = args.batch_size
     import timm
 
-    peaks = [matmul_peak(device)]
+    peak_dtype = torch.bfloat16 if args.amp == "bf16" else torch.float32
+    peaks = [matmul_peak(device, peak_dtype)]
     results = [measure(name, CONFIGS[name], args, device) for name in args.configs]
-    peaks.append(matmul_peak(device))  # before and after: a single measurement can be unlucky
+    peaks.append(matmul_peak(device, peak_dtype))  # before and after: a single measurement can be unlucky
     peak_wall, peak_cpu = max(p[0] for p in peaks), max(p[1] for p in peaks)
 
     print(f"command: python bench/train_throughput.py {' '.join(sys.argv[1:])}".rstrip())
     print(f"torch {torch.__version__}, timm {timm.__version__}, device {device}, "
-          f"{torch.get_num_threads()} thread(s), {os.cpu_count()} cores, {'compiled' if args.compile else 'eager'}")
-    print(f"fp32 matmul peak (2048^3 torch.mm, best of 20): {peak_wall:.1f} GFLOP/s by wall time, "
+          f"{torch.get_num_threads()} thread(s), {os.cpu_count()} cores, {'compiled' if args.compile else 'eager'}, "
+          f"autocast {args.amp}" + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""))
+    print(f"{str(peak_dtype).removeprefix('torch.')} matmul peak (torch.mm, best of 20): {peak_wall:.1f} GFLOP/s by wall time, "
           f"{peak_cpu:.1f} GFLOP/s by CPU time / threads\n")
     print("| config | model | img/s wall (min-max) | img/s CPU time | vs timm, wall | vs timm, CPU time "
-          "| GFLOP/step | GFLOP/s (CPU time) | of peak |")
+          "| GFLOP/step | GFLOP/s (CPU time; GPU: wall) | of peak |")
     print("|---|---|---|---|---|---|---|---|---|")
     for result in results:
         for model, row in result["rows"].items():
@@ -237,7 +256,7 @@ def main() -> None:
             cpu_ratio = statistics.median(result["cpu_round_ratios"][model])
             print(f"| {result['name']} | {model} | {row['wall']:.0f} ({row['wall_min']:.0f}-{row['wall_max']:.0f}) | "
                   f"{row['cpu']:.0f} | {wall_ratio:.3f}x | {cpu_ratio:.3f}x | {row['gflop_step']:.1f} | "
-                  f"{row['gflop_s']:.1f} | {row['gflop_s'] / peak_cpu:.0%} |")
+                  f"{row['gflop_s']:.1f} | {row['gflop_s'] / (peak_wall if device.type == 'cuda' else peak_cpu):.0%} |")
     print()
     for result in results:
         cpu_ratios, wall_ratios = result["cpu_round_ratios"]["vit_hub"], result["wall_round_ratios"]["vit_hub"]
