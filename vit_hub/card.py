@@ -68,6 +68,10 @@ def _metrics_section(metrics: dict[str, Any]) -> str:
                      f"after {len(metrics['history'])} of {metrics.get('epochs')} epochs")
         last = metrics["history"][-1]
         lines.append(f"- throughput: {last['images_per_second']:.0f} training images/s")
+    hardware = metrics.get("hardware")
+    if hardware:
+        lines.append(f"- trained on: {hardware['device']} x {hardware['processes']} process(es), "
+                     f"{hardware['precision']}, torch {hardware['torch']}")
     return "\n".join(lines) or "No metrics recorded."
 
 

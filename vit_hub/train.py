@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from . import data as vdata
 from .card import write_model_card
-from .config import PRESETS, ViTConfig, suggest_for_data
+from .config import DEFAULT_LEARNING_RATE, PRESET_LEARNING_RATES, PRESETS, ViTConfig, suggest_for_data
 from .model import VisionTransformer
 from .plots import plot_confusion_matrix, plot_curves
 
@@ -59,7 +59,7 @@ class TrainSettings:
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # overrides of MODEL_FIELDS
     epochs: int | None = None  # None: chosen from the dataset size
     batch_size: int = 128  # global, across all processes
-    lr: float | None = None  # None: 1e-3 x batch_size / 128
+    lr: float | None = None  # None: 1e-3 (mnist preset: 2e-3) x batch_size / 128
     weight_decay: float = 0.05
     warmup_epochs: float | None = None  # None: 5 % of the run
     label_smoothing: float = 0.1
@@ -294,7 +294,10 @@ class Trainer:
     # set-up helpers
     @property
     def peak_lr(self) -> float:
-        return self.settings.lr if self.settings.lr is not None else 1e-3 * self.settings.batch_size / 128
+        if self.settings.lr is not None:
+            return self.settings.lr
+        per_128 = PRESET_LEARNING_RATES.get(self.settings.preset or "", DEFAULT_LEARNING_RATE)
+        return per_128 * self.settings.batch_size / 128
 
     def _check_batch(self) -> None:
         batch, world = self.settings.batch_size, self.runtime.world_size
@@ -485,7 +488,19 @@ class Trainer:
             "best_val_accuracy": self.best_accuracy,
             "epochs": self.epochs,
             "settings": dataclasses.asdict(self.settings),
+            "hardware": self._hardware(),
         }
+
+    def _hardware(self) -> dict[str, Any]:
+        """Where the run happened, for the card: results depend on precision and process count."""
+        device = self.runtime.device
+        if device.type == "cuda":
+            name = torch.cuda.get_device_name(device)
+        else:
+            name = f"CPU, {torch.get_num_threads()} thread(s) per process"
+        amp = self._amp_dtype()
+        return {"device": name, "processes": self.runtime.world_size, "torch": torch.__version__,
+                "precision": f"{str(amp).removeprefix('torch.')} autocast" if amp else "fp32"}
 
     def _write_metrics(self, extra: dict[str, Any] | None = None) -> None:
         (self.out / "metrics.json").write_text(json.dumps({**self._metrics(), **(extra or {})}, indent=2) + "\n")
