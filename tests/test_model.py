@@ -119,6 +119,34 @@ def test_fused_and_explicit_attention_give_the_same_logits(options):
 
 
 @pytest.mark.parametrize("locality", [False, True])
+def test_class_token_only_block_gives_row_zero_of_the_full_block(locality):
+    block = randomized(VisionTransformer(**tiny_config(locality_attention=locality))).blocks[-1]
+    tokens = torch.randn(3, 17, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full, _ = block(tokens)
+        cls_only, _ = block(tokens, cls_only=True)
+    assert cls_only.shape == (3, 1, 16)
+    torch.testing.assert_close(cls_only, full[:, :1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("locality", [False, True])
+def test_fast_path_trains_like_the_full_network(locality):
+    """The class-token-only last block changes no gradient: the fast path (what training
+    runs) and the explicit path (every block whole) give the same parameter gradients."""
+    model = randomized(VisionTransformer(**tiny_config(locality_attention=locality)))
+    pixels, labels = images(4, 3, 16, 16), torch.tensor([0, 1, 1, 0])
+    gradients = []
+    for output_attentions in (False, True):
+        model.zero_grad()
+        output = model(pixels, output_attentions=output_attentions)
+        logits = output[0] if output_attentions else output
+        torch.nn.functional.cross_entropy(logits, labels).backward()
+        gradients.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    for name, fast in gradients[0].items():
+        torch.testing.assert_close(fast, gradients[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("locality", [False, True])
 def test_attention_module_paths_agree(locality):
     torch.manual_seed(0)
     attention = Attention(dim=24, num_heads=3, qkv_bias=True, attention_dropout=0.0, dropout=0.0,

@@ -83,16 +83,23 @@ class Attention(nn.Module):
         if locality:  # learned log-temperature, starting at the usual 1/sqrt(head_dim)
             self.log_scale = nn.Parameter(torch.tensor(-0.5 * math.log(self.head_dim)))
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False):
+    def forward(self, x: torch.Tensor, need_weights: bool = False, cls_only: bool = False):
+        """x [B, T, D] -> (output [B, T, D], weights [B, heads, T, T] or None).
+
+        cls_only: only the class token (token 0) asks; output [B, 1, D], weights [B, heads, 1, T].
+        """
         batch, tokens, dim = x.shape
         qkv = self.to_qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
+        if cls_only:
+            q = q[:, :, :1]  # [B, heads, 1, head_dim]
+        queries = q.shape[2]
         if self.locality:
             q, scale = q * self.log_scale.exp(), 1.0
         else:
             scale = self.head_dim**-0.5
         # LSA: True = may attend. Every token except itself.
-        mask = ~torch.eye(tokens, dtype=torch.bool, device=x.device) if self.locality else None
+        mask = ~torch.eye(tokens, dtype=torch.bool, device=x.device)[:queries] if self.locality else None
         dropout = self.attention_dropout if self.training else 0.0
 
         if need_weights:
@@ -105,7 +112,7 @@ class Attention(nn.Module):
             weights = None
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
 
-        out = out.transpose(1, 2).reshape(batch, tokens, dim)  # heads back side by side
+        out = out.transpose(1, 2).reshape(batch, queries, dim)  # heads back side by side
         return self.to_out(out), weights
 
 
@@ -143,8 +150,11 @@ class Block(nn.Module):
         )
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False):
-        attended, weights = self.attention(self.attention_norm(x), need_weights)
+    def forward(self, x: torch.Tensor, need_weights: bool = False, cls_only: bool = False):
+        """x [B, T, D] -> [B, T, D]; with cls_only just the class token's output [B, 1, D]."""
+        attended, weights = self.attention(self.attention_norm(x), need_weights, cls_only)
+        if cls_only:
+            x = x[:, :1]
         x = x + self.drop_path(attended)
         x = x + self.drop_path(self.mlp(self.mlp_norm(x)))
         return x, weights
@@ -269,9 +279,16 @@ class VisionTransformer(
         cls = self.cls_token.expand(patches.shape[0], -1, -1)  # [B, 1, D]
         x = self.embedding_dropout(torch.cat([cls, patches], dim=1))  # [B, T, D]
 
+        # With class-token pooling nothing reads the patch tokens after the last block, so
+        # it computes the class token alone: its MLP runs on 1 token instead of T, its
+        # attention has 1 query instead of T. Same logits; a full block's work saved in
+        # part (train step 1.0x -> see BENCHMARKS.md). Attention maps need every row: then
+        # the last block runs whole.
+        last_reads_cls_only = self.config.pooling == "cls" and not output_attentions
         attentions = []
-        for block in self.blocks:
-            x, weights = block(x, need_weights=output_attentions)
+        for index, block in enumerate(self.blocks):
+            is_last = index == len(self.blocks) - 1
+            x, weights = block(x, need_weights=output_attentions, cls_only=is_last and last_reads_cls_only)
             attentions.append(weights)
 
         x = self.norm(x)
