@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from vit_hub.config import PRESETS, ViTConfig
 from vit_hub.model import VisionTransformer
 from vit_hub.train import (
     CHECKPOINT, Trainer, TrainingError, TrainSettings, build_config, default_epochs, evaluate, learning_rate,
-    load_checkpoint, parameter_groups, read_checkpoint_state, save_checkpoint, train,
+    load_checkpoint, parameter_groups, peak_learning_rate, read_checkpoint_state, save_checkpoint, train,
 )
 
 TINY_MODEL = dict(image_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0)
@@ -93,6 +94,36 @@ def test_run_writes_a_hub_layout_model_dir_without_pickles(learned_run):
     assert not [name for name in names if name.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt", ".partial"))]
     for image in ("curves.png", "confusion_matrix.png"):
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_metrics_and_card_say_where_the_run_happened(learned_run):
+    hardware = json.loads((learned_run["out"] / "metrics.json").read_text())["hardware"]
+    assert hardware["device"].startswith("CPU") and hardware["processes"] == 1
+    assert hardware["precision"] == "fp32" and hardware["torch"] == torch.__version__
+    card = (learned_run["out"] / "README.md").read_text()
+    assert f"trained on: {hardware['device']} x 1 process(es), fp32, torch {torch.__version__}" in card
+
+
+def test_a_new_run_never_writes_over_a_trained_model(learned_run, image_folder, tmp_path):
+    out = tmp_path / "model"
+    shutil.copytree(learned_run["out"], out)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    with pytest.raises(TrainingError, match=f"--out {out}: expected a new or empty folder, found a trained "
+                                            r"model or run there \(checkpoint.safetensors, model.safetensors\); "
+                                            "pass --resume to continue that run or --overwrite to replace it"):
+        train(tiny_settings(image_folder, out, epochs=1))
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    metrics, _, _ = quietly(train, tiny_settings(image_folder, out, epochs=1), overwrite=True)
+    assert len(metrics["history"]) == 1
+
+
+@pytest.mark.parametrize("preset, batch, lr, expected", [
+    (None, 128, None, 1e-3), (None, 256, None, 2e-3), ("mnist", 128, None, 2e-3), ("mnist", 64, None, 1e-3),
+    ("mnist", 128, 5e-4, 5e-4), ("tiny", 128, None, 1e-3),
+])
+def test_learning_rate_follows_flag_then_preset_then_default_scaled_to_the_batch(preset, batch, lr, expected):
+    settings = TrainSettings(data="mnist", out="unused", preset=preset, batch_size=batch, lr=lr)
+    assert peak_learning_rate(settings) == pytest.approx(expected)
 
 
 def test_config_stores_labels_and_the_training_split_mean_and_std(learned_run, image_folder):

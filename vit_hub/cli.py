@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a model into a Hub-layout model dir")
     train.add_argument("--out", required=True, help="model dir to write")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    train.add_argument("--overwrite", action="store_true", help="replace a model or run already in --out")
     train.add_argument("--stop-after-epochs", type=int, metavar="N",
                        help="pause after N epochs of this invocation, leaving a resumable checkpoint")
     _add_training_flags(train, data_required=False)  # --resume needs no --data
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="one short run per hyperparameter value, table + plot")
     sweep.add_argument("--out", required=True, help="folder for the runs, table and plot")
+    sweep.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
     sweep.add_argument("--param", action="append", required=True, metavar="NAME=V1,V2,...",
                        help="model field or training setting to vary, e.g. num_heads=2,4,8")
     _add_training_flags(sweep)
@@ -141,7 +143,7 @@ def run_train(args: argparse.Namespace) -> None:
     elif args.data is None:
         raise ValueError("train: expected --data (an image folder, 'mnist' or a torchvision name), got none")
     else:
-        train(_settings(args), stop_after_epochs=args.stop_after_epochs)
+        train(_settings(args), stop_after_epochs=args.stop_after_epochs, overwrite=args.overwrite)
 
 
 def run_eval(args: argparse.Namespace) -> None:
@@ -187,7 +189,7 @@ def run_info(args: argparse.Namespace) -> None:
 def run_sweep(args: argparse.Namespace) -> None:
     from .sweep import parse_param, sweep
 
-    print(sweep(_settings(args), [parse_param(text) for text in args.param], Path(args.out)))
+    print(sweep(_settings(args), [parse_param(text) for text in args.param], Path(args.out), args.overwrite))
 
 
 COMMANDS = {"train": run_train, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .plots import plt
-from .train import MODEL_FIELDS, TrainSettings, train
+from .train import MODEL_FIELDS, TrainSettings, check_out_is_free, train
 
 TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 
@@ -40,14 +40,19 @@ def _with_value(settings: TrainSettings, name: str, value: Any, out: Path) -> Tr
     return dataclasses.replace(settings, out=str(out), model={**settings.model, name: value})
 
 
-def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Path) -> str:
-    """Run every value, write `sweep.json`, `sweep.md` and `sweep.png` in `out`; return the table."""
+def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Path, overwrite: bool = False) -> str:
+    """Run every value, write `sweep.json`, `sweep.md` and `sweep.png` in `out`; return the table.
+    Refuses up front, before any run, when a run's folder already holds a model (unless `overwrite`)."""
+    if not overwrite:
+        for name, values in params:
+            for value in values:
+                check_out_is_free(out / f"{name}={value}")
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, Any]]] = {}
     for name, values in params:
         for value in values:
             run_dir = out / f"{name}={value}"
-            metrics = train(_with_value(settings, name, value, run_dir))
+            metrics = train(_with_value(settings, name, value, run_dir), overwrite=True)
             last = metrics["history"][-1]
             results.setdefault(name, []).append({
                 "value": value, "best_val_accuracy": metrics["best_val_accuracy"],

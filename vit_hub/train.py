@@ -163,6 +163,14 @@ def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float) -
     return peak * (0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
+def peak_learning_rate(settings: TrainSettings) -> float:
+    """--lr, else the preset's (or the default) rate per 128 images, scaled to the batch."""
+    if settings.lr is not None:
+        return settings.lr
+    per_128 = PRESET_LEARNING_RATES.get(settings.preset or "", DEFAULT_LEARNING_RATE)
+    return per_128 * settings.batch_size / 128
+
+
 def default_epochs(num_train: int) -> int:
     """About 200k training samples seen in all, 10 to 200 epochs."""
     return int(min(200, max(10, round(200_000 / num_train))))
@@ -294,10 +302,7 @@ class Trainer:
     # set-up helpers
     @property
     def peak_lr(self) -> float:
-        if self.settings.lr is not None:
-            return self.settings.lr
-        per_128 = PRESET_LEARNING_RATES.get(self.settings.preset or "", DEFAULT_LEARNING_RATE)
-        return per_128 * self.settings.batch_size / 128
+        return peak_learning_rate(self.settings)
 
     def _check_batch(self) -> None:
         batch, world = self.settings.batch_size, self.runtime.world_size
@@ -529,9 +534,23 @@ class Trainer:
         return {**self._metrics(), **final}
 
 
-def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int | None = None) -> dict[str, Any]:
+def check_out_is_free(out: Path) -> None:
+    """A new run never writes over a trained model or a resumable run without being told to."""
+    found = [name for name in (CHECKPOINT, "model.safetensors") if (out / name).exists()]
+    if found:
+        raise TrainingError(
+            f"--out {out}: expected a new or empty folder, found a trained model or run there "
+            f"({', '.join(found)}); pass --resume to continue that run or --overwrite to replace it"
+        )
+
+
+def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int | None = None,
+          overwrite: bool = False) -> dict[str, Any]:
     """Run training (or continue it with `resume`); returns the metrics written.
-    `stop_after_epochs` pauses the run early with a resumable checkpoint (time-boxed jobs)."""
+    `stop_after_epochs` pauses the run early with a resumable checkpoint (time-boxed jobs);
+    a new run refuses an --out that holds a model or a run unless `overwrite`."""
+    if not resume and not overwrite:
+        check_out_is_free(Path(settings.out))
     trainer = Trainer(settings, resume=resume)
     try:
         return trainer.run(stop_after_epochs)
