@@ -1,6 +1,6 @@
 """Do the defaults work on a small folder? A generated 2-class "cell" set, 400 training photos.
 
-    python bench/small_data.py [--train 400] [--test 200] [--epochs N]
+    python bench/small_data.py [--train 400] [--test 200] [--epochs N] [--recipes default naive]
 
 Class `parasitized`: a cell with a few small dark inclusions; class `uninfected`: a cell
 without. Cells vary in colour, size, shape and position; backgrounds are noisy; photos are
@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vit_hub.train import default_epochs  # noqa: E402
 
 NAIVE = ["--patch-size", "16", "--image-size", "64", "--embed-dim", "192", "--depth", "12", "--num-heads", "3",
          "--mlp-ratio", "4", "--patch-embedding", "conv", "--no-locality-attention", "--dropout", "0",
@@ -72,24 +75,26 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=400)
     parser.add_argument("--test", type=int, default=200)
     parser.add_argument("--epochs", type=int, help="default: the trainer's own choice for this size")
+    parser.add_argument("--recipes", nargs="+", choices=("default", "naive"), default=["default", "naive"],
+                        help="which runs to make (each is long on a CPU)")
     args = parser.parse_args()
-    epochs = ["--epochs", str(args.epochs)] if args.epochs else []
+    held_out = round(args.train * 0.1)  # the trainer's default --val-split
+    chosen = args.epochs or default_epochs(args.train - held_out)
+    flags = {"default": ["--epochs", str(chosen)] if args.epochs else [], "naive": NAIVE + ["--epochs", str(chosen)]}
+    names = {"default": "defaults (no flags)", "naive": "naive plain ViT"}
     with tempfile.TemporaryDirectory() as scratch:
         data = Path(scratch) / "cells"
         rng = np.random.default_rng(0)
         make_split(data / "train", args.train, rng)
         make_split(data / "test", args.test, rng)
-        default = train(data, Path(scratch) / "default", epochs)
-        chosen = json.loads((Path(scratch) / "default" / "metrics.json").read_text())["epochs"]
-        naive = train(data, Path(scratch) / "naive", NAIVE + ["--epochs", str(chosen)])
-    print(f"command: python bench/small_data.py --train {args.train} --test {args.test}"
-          + (f" --epochs {args.epochs}" if args.epochs else ""))
+        results = {recipe: train(data, Path(scratch) / recipe, flags[recipe]) for recipe in args.recipes}
+    print(f"command: python bench/small_data.py {' '.join(sys.argv[1:])}".rstrip())
     print(f"{args.train} training photos (10 % held out for validation), {args.test} test photos, "
           f"{chosen} epochs, load average {os.getloadavg()[0]:.1f}\n")
     print("| recipe | test accuracy | wall time |")
     print("|---|---|---|")
-    print(f"| defaults (no flags) | {default[0]:.3f} | {default[1]:.0f} s |")
-    print(f"| naive plain ViT | {naive[0]:.3f} | {naive[1]:.0f} s |")
+    for recipe, (accuracy, seconds) in results.items():
+        print(f"| {names[recipe]} | {accuracy:.3f} | {seconds:.0f} s |")
 
 
 if __name__ == "__main__":

@@ -281,9 +281,9 @@ class VisionTransformer(
 
         # With class-token pooling nothing reads the patch tokens after the last block, so
         # it computes the class token alone: its MLP runs on 1 token instead of T, its
-        # attention has 1 query instead of T. Same logits; a full block's work saved in
-        # part (train step 1.0x -> see BENCHMARKS.md). Attention maps need every row: then
-        # the last block runs whole.
+        # attention has 1 query instead of T. Same logits and gradients, about 11 % fewer
+        # FLOPs for the mnist preset (BENCHMARKS.md). Attention maps need every row: when
+        # they are asked for, the last block runs whole.
         last_reads_cls_only = self.config.pooling == "cls" and not output_attentions
         attentions = []
         for index, block in enumerate(self.blocks):
