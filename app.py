@@ -27,6 +27,7 @@ import gradio as gr
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from vit_hub.cli import OneLineErrorParser
 from vit_hub.config import ViTConfig
 from vit_hub.postprocess import softmax, top_k
 from vit_hub.preprocess import MAX_PIXELS, load_image, preprocess, to_model_mode
@@ -367,7 +368,7 @@ def load_predictor(reference: str | Path, backend: str) -> Predictor:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Serve a vit_hub model with attention-rollout overlays.")
+    parser = OneLineErrorParser(description="Serve a vit_hub model with attention-rollout overlays.")
     parser.add_argument("--model", default=str(DEFAULT_MODEL),
                         help="model dir or Hugging Face Hub repo id (default: the bundled MNIST model)")
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch",

@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from vit_hub.cli import OneLineErrorParser
+
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 from .layout import ExportLayout
 from .pipeline import export_onnx
@@ -18,7 +20,7 @@ USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, Per
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m export", description=(
+    parser = OneLineErrorParser(prog="python -m export", description=(
         "Export a vit_hub model to ONNX, verify it against torch and write a report beside it."))
     parser.add_argument("--model", required=True, help="model dir (config.json + model.safetensors) or Hub repo id")
     parser.add_argument("--out", required=True, help="folder (gets model.onnx) or a path ending in .onnx")

@@ -244,10 +244,17 @@ def test_strict_training_fails_naming_the_corrupt_file(image_folder, corrupt_fil
     assert_one_error_line(code, stderr, f"unreadable image {corrupt_file}")
 
 
-def test_unknown_choices_are_argparse_errors():
-    code, _, stderr = run_main(["info", "--preset", "huge"])
-    assert code == 2 and "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1].startswith("vit-hub info: error: argument --preset: invalid choice")
+@pytest.mark.parametrize("argv, message", [
+    (["info", "--preset", "huge"], "vit-hub info: error: argument --preset: invalid choice: 'huge'"),
+    (["train", "--data", "mnist"], "vit-hub train: error: the following arguments are required: --out"),
+    (["train", "--out", "x", "--epochs", "many"], "vit-hub train: error: argument --epochs: invalid int value"),
+    (["fly"], "vit-hub: error: argument command: invalid choice: 'fly'"),
+])
+def test_usage_errors_are_one_line_too(argv, message):
+    code, _, stderr = run_main(argv)
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message) and lines[0].endswith("--help)")
 
 
 # As a separate process ----------------------------------------------------------------------------------

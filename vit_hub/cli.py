@@ -14,6 +14,14 @@ from .hub_cli import add_hub_commands, run_pull, run_push
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`vit-hub train: error: ...`) without the
+    usage block above it; `--help` still shows the usage. Subcommands inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _size(text: str):
     """'28' -> 28, '32x48' -> [32, 48]."""
     try:
@@ -80,7 +88,7 @@ def _add_training_flags(parser: argparse.ArgumentParser, data_required: bool = T
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vit-hub", description=__doc__)
+    parser = OneLineErrorParser(prog="vit-hub", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a model into a Hub-layout model dir")
