@@ -113,7 +113,7 @@ def main() -> None:
     print(f"mean true-class probability {base.mean():.4f}; random {args.share:.0%} drop {random_drop:.4f}, "
           f"random {args.share:.0%} of ink patches drop {ink_drop:.4f} ({args.draws} draws each); the largest "
           f"possible drop (to 0) would be a ratio of {base.mean() / random_drop:.2f}x vs random")
-    print(f"| map | mean drop | ratio vs random | ratio vs random ink patches |\n|---|---|---|---|")
+    print("| map | mean drop | ratio vs random | ratio vs random ink patches |\n|---|---|---|---|")
     for name, value in rows:
         print(f"| {name} | {value:.4f} | {value / random_drop:.2f}x | {value / ink_drop:.2f}x |")
     print(f"\nload average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M')}; "

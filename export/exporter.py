@@ -17,7 +17,6 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import onnx
 import torch
 from torch import nn
 
@@ -95,32 +94,6 @@ def _export_torchscript(module: nn.Module, example: torch.Tensor, path: Path, ou
             input_names=[INPUT], output_names=outputs,
             dynamic_axes={name: batch_axes[name] for name in [INPUT, *outputs]},
         )
-    _cast_bool_eye_like(path)
-
-
-def _cast_bool_eye_like(path: Path) -> None:
-    """ONNX Runtime has no boolean EyeLike kernel, and locality attention's self-mask is
-    `~torch.eye(T, dtype=bool)`: build that identity in float between two casts."""
-    model = onnx.load(str(path))
-    types = {value.name: value.type.tensor_type.elem_type
-             for value in onnx.shape_inference.infer_shapes(model).graph.value_info}
-    nodes = model.graph.node
-    bool_eyes = [node for node in nodes if node.op_type == "EyeLike" and types.get(node.output[0]) == onnx.TensorProto.BOOL]
-    for node in bool_eyes:
-        source, mask = node.input[0], node.output[0]
-        node.input[0], node.output[0] = f"{source}_float", f"{mask}_float"
-        kept = [attribute for attribute in node.attribute if attribute.name != "dtype"]  # keeps k
-        del node.attribute[:]
-        node.attribute.extend(kept)  # without dtype the output takes the (now float) input type
-        to_float = onnx.helper.make_node("Cast", [source], [node.input[0]], to=onnx.TensorProto.FLOAT,
-                                         name=f"{node.name}_from_bool")
-        to_bool = onnx.helper.make_node("Cast", [node.output[0]], [mask], to=onnx.TensorProto.BOOL,
-                                        name=f"{node.name}_to_bool")
-        position = list(nodes).index(node)
-        nodes.insert(position + 1, to_bool)  # the order stays topological
-        nodes.insert(position, to_float)
-    if bool_eyes:
-        onnx.save(model, str(path))
 
 
 def _export_dynamo(module: nn.Module, example: torch.Tensor, path: Path, outputs: list[str],

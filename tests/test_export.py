@@ -114,11 +114,12 @@ def test_logits_graph_carries_no_attention_output(exported, classifier):
     assert classifier.has_attentions  # from model_attentions.onnx beside it
 
 
-def test_non_square_small_data_model_exports_with_parity(tmp_path):
-    """Shifted patches, locality attention (masked), sin-cos positions, mean pooling, 16x24."""
+@pytest.mark.parametrize("pooling", ["mean", "cls"])  # cls: the last block sees the class token alone
+def test_non_square_small_data_model_exports_with_parity(tmp_path, pooling):
+    """Shifted patches, locality attention (masked), sin-cos positions, 16x24."""
     model = randomized(VisionTransformer(**tiny_config(
         image_size=[16, 24], patch_embedding="shifted", locality_attention=True, pos_embedding="sincos",
-        pooling="mean")))
+        pooling=pooling)))
     path = export_onnx(model, tmp_path / "small.onnx", attentions=True)
     classifier = OnnxClassifier(path, providers="cpu")
     pixels = pixels_for(model.config, 4)

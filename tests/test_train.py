@@ -81,7 +81,7 @@ def test_short_run_learns_the_easy_task_well_above_chance(learned_run):
 
 
 def test_corrupt_file_is_reported_with_its_path_and_skipped(learned_run, corrupt_file):
-    assert f"skipped 1 unreadable image(s)" in learned_run["stderr"]
+    assert "skipped 1 unreadable image(s)" in learned_run["stderr"]
     assert str(corrupt_file) in learned_run["stderr"]
     assert "train 36 | val 12 | test 0 | 2 classes" in learned_run["stdout"]
 

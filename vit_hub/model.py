@@ -98,8 +98,9 @@ class Attention(nn.Module):
             q, scale = q * self.log_scale.exp(), 1.0
         else:
             scale = self.head_dim**-0.5
-        # LSA: True = may attend. Every token except itself.
-        mask = ~torch.eye(tokens, dtype=torch.bool, device=x.device)[:queries] if self.locality else None
+        # LSA: True = may attend. Every token except itself. (Built from a float identity:
+        # ONNX Runtime has no boolean EyeLike kernel, so exported graphs need no patching.)
+        mask = torch.eye(tokens, device=x.device)[:queries] == 0 if self.locality else None
         dropout = self.attention_dropout if self.training else 0.0
 
         if need_weights:
