@@ -142,14 +142,17 @@ def test_info_on_a_preset():
     assert stdout.count("blocks.") == 12
 
 
-def test_layer_flops_are_the_matmul_arithmetic():
-    model = VisionTransformer(**tiny_config(depth=1))  # 16x16x3, patch 4: 16 patches, 17 tokens, dim 16
+def test_layer_flops_are_the_matmul_arithmetic_of_inference():
+    model = VisionTransformer(**tiny_config(depth=2))  # 16x16x3, patch 4: 16 patches, 17 tokens, dim 16
     rows = {name: flops for name, _, flops in layer_rows(model)}
     tokens, dim, hidden = 17, 16, 32
     assert rows["patch_embedding + cls + positions"] == 2 * 16 * (3 * 4 * 4) * dim
-    attention = 2 * tokens * dim * 3 * dim + 2 * 2 * tokens * tokens * dim + 2 * tokens * dim * dim
-    assert rows["blocks.0.attention"] == attention
+    qkv = 2 * tokens * dim * 3 * dim
+    assert rows["blocks.0.attention"] == qkv + 2 * 2 * tokens * tokens * dim + 2 * tokens * dim * dim
     assert rows["blocks.0.mlp"] == 2 * 2 * tokens * dim * hidden
+    # The last block computes the class token alone: 1 query, 1 output projection, 1 MLP row.
+    assert rows["blocks.1.attention"] == qkv + 2 * 2 * 1 * tokens * dim + 2 * 1 * dim * dim
+    assert rows["blocks.1.mlp"] == 2 * 2 * 1 * dim * hidden
     assert rows["norm + head"] == 2 * dim * 2
 
 
