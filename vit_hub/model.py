@@ -282,7 +282,7 @@ class VisionTransformer(
 
         # With class-token pooling nothing reads the patch tokens after the last block, so
         # it computes the class token alone: its MLP runs on 1 token instead of T, its
-        # attention has 1 query instead of T. Same logits and gradients, about 11 % fewer
+        # attention has 1 query instead of T. Same logits and gradients, about 12 % fewer
         # FLOPs for the mnist preset (BENCHMARKS.md). Attention maps need every row: when
         # they are asked for, the last block runs whole.
         last_reads_cls_only = self.config.pooling == "cls" and not output_attentions
