@@ -503,7 +503,7 @@ class Trainer:
             name = torch.cuda.get_device_name(device)
         else:
             name = f"CPU, {torch.get_num_threads()} thread(s) per process"
-        amp = self._amp_dtype()
+        amp = self.amp_dtype
         return {"device": name, "processes": self.runtime.world_size, "torch": torch.__version__,
                 "precision": f"{str(amp).removeprefix('torch.')} autocast" if amp else "fp32"}
 
