@@ -30,7 +30,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from vit_hub.cli import OneLineErrorParser
 from vit_hub.config import ViTConfig
 from vit_hub.postprocess import softmax, top_k
-from vit_hub.preprocess import MAX_PIXELS, load_image, preprocess, to_model_mode
+from vit_hub.canonical import EmptyImageError, centre_digit
+from vit_hub.preprocess import MAX_PIXELS, load_image, model_pixels, resize, to_model_domain
 from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
 
 ROOT = Path(__file__).resolve().parent
@@ -48,8 +49,6 @@ CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
 QUEUE_SIZE = 64
 # Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck.
 CSS = "#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }"
-# A drawing's ink fills this share of the image's height and width, as in MNIST (20 of 28 px).
-DIGIT_BOX_SHARE = 20 / 28
 
 
 # Backends -------------------------------------------------------------------------------
@@ -162,52 +161,15 @@ def read_upload(upload: dict | str | None) -> Image.Image:
     return ImageOps.exif_transpose(image)  # as browsers show photos with an EXIF rotation
 
 
-def normalize_drawing(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """A drawing -> a grayscale digit centred like MNIST, of size (height, width).
-
-    Dark ink on a light canvas is inverted to light-on-dark; the ink's bounding box is
-    scaled to fit 20/28 of the size (keeping its aspect ratio) and placed so that its
-    centre of mass sits at the centre.
-    """
-    gray = np.asarray(to_model_mode(image, 1), dtype=np.float32)  # [h, w], alpha over white
-    background = np.median(np.concatenate([gray[0], gray[-1], gray[:, 0], gray[:, -1]]))
-    ink = np.clip(background - gray if background > 127 else gray - background, 0.0, None)
-    if ink.max() < 32:
-        raise gr.Error("The drawing is empty: draw a digit first.")
-    ink[ink < 0.1 * ink.max()] = 0.0  # paper texture and noise
-    rows, cols = np.nonzero(ink >= 0.25 * ink.max())
-    crop = ink[rows.min():rows.max() + 1, cols.min():cols.max() + 1] * (255.0 / ink.max())
-    return _centre_by_mass(_fit_to_box(crop, size), size)
-
-
-def _fit_to_box(ink: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Scale [h, w] ink so it fits DIGIT_BOX_SHARE of size, keeping its aspect ratio."""
-    box_h, box_w = (max(1, round(side * DIGIT_BOX_SHARE)) for side in size)
-    scale = min(box_h / ink.shape[0], box_w / ink.shape[1])
-    new_h, new_w = max(1, round(ink.shape[0] * scale)), max(1, round(ink.shape[1] * scale))
-    resized = Image.fromarray(ink).resize((new_w, new_h), Image.Resampling.LANCZOS)
-    return np.clip(np.asarray(resized), 0.0, 255.0)
-
-
-def _centre_by_mass(ink: np.ndarray, size: tuple[int, int]) -> Image.Image:
-    """Paste [h, w] ink into a black canvas of size (height, width), centre of mass in the middle."""
-    height, width = size
-    rows, cols = np.indices(ink.shape)
-    mass = ink.sum()
-    centre_row, centre_col = (rows * ink).sum() / mass, (cols * ink).sum() / mass
-    top = int(np.clip(round(height / 2 - centre_row), 0, height - ink.shape[0]))
-    left = int(np.clip(round(width / 2 - centre_col), 0, width - ink.shape[1]))
-    canvas = np.zeros((height, width), dtype=np.float32)
-    canvas[top:top + ink.shape[0], left:left + ink.shape[1]] = ink
-    return Image.fromarray(canvas.round().astype(np.uint8))
-
-
 def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
     """The sketchpad's value -> the centred digit the model will see."""
     composite = (value or {}).get("composite")
     if composite is None:
         raise gr.Error("The drawing is empty: draw a digit first.")
-    return normalize_drawing(load_image(composite), size)
+    try:
+        return centre_digit(load_image(composite), size)
+    except EmptyImageError:
+        raise gr.Error("The drawing is empty: draw a digit first.") from None
 
 
 # Explaining -----------------------------------------------------------------------------
@@ -216,6 +178,7 @@ class Explanation:
     scores: dict[str, float]  # top-k label -> probability
     overlay: Image.Image  # rollout over the display image
     strip: Image.Image  # rollout after each layer, left to right
+    model_input: Image.Image  # the input as the model saw it (canonicalised, resized), enlarged
 
 
 def display_size(width: int, height: int) -> tuple[int, int]:
@@ -250,17 +213,19 @@ def layer_strip(view: Image.Image, maps: np.ndarray) -> Image.Image:
     return strip
 
 
-def explain(predictor: Predictor, view: Image.Image, display: Image.Image, head_fusion: str,
-            discard_ratio: float, k: int) -> Explanation:
-    """Classify `view` (in the model's mode, any size) and draw the rollout over `display`."""
+def explain(predictor: Predictor, view: Image.Image, head_fusion: str, discard_ratio: float,
+            k: int) -> Explanation:
+    """Classify `view` (already in the model's domain: `to_model_domain`) and draw the rollout
+    over it, at its display size."""
     config = predictor.config
-    pixels = preprocess(view, config)[None]  # [1, C, H, W]
+    pixels = model_pixels(view, config)[None]  # [1, C, H, W]
     probabilities, attentions = predictor.predict(pixels)
     maps = layer_rollouts(attentions, head_fusion, float(discard_ratio), config.grid_size,
                           config.pooling)[:, 0]  # [depth, h, w]
     scores = dict(top_k(probabilities, config.labels, int(k))[0])
-    model_view = view.resize(tuple(reversed(config.image_size)), Image.Resampling.BILINEAR)
-    return Explanation(scores, overlay(display, maps[-1]), layer_strip(model_view, maps))
+    model_view = resize(view, config)
+    return Explanation(scores, overlay(for_display(view), maps[-1]), layer_strip(model_view, maps),
+                       for_display(model_view))
 
 
 def _user_errors(handler: Callable) -> Callable:
@@ -283,17 +248,18 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
 
     @_user_errors
     def predict(image: dict | None, head_fusion: str, discard_ratio: float, k: int):
-        """Top-k labels, the rollout overlay (at display_size of the input) and the per-layer strip."""
-        view = to_model_mode(read_upload(image), config.in_channels)
-        result = explain(predictor, view, for_display(view), head_fusion, discard_ratio, k)
-        return result.scores, result.overlay, result.strip
+        """Top-k labels, the rollout overlay (at display_size of the input, or of the canonical
+        input when the config canonicalises), the per-layer strip and the model's input."""
+        view = to_model_domain(read_upload(image), config)
+        result = explain(predictor, view, head_fusion, discard_ratio, k)
+        return result.scores, result.overlay, result.strip, result.model_input
 
     @_user_errors
     def predict_drawing(drawing: dict | None, head_fusion: str, discard_ratio: float, k: int):
         """Like predict, for a drawing; the overlay shows the centred digit the model saw."""
         digit = read_drawing(drawing, config.image_size)
-        result = explain(predictor, digit, for_display(digit), head_fusion, discard_ratio, k)
-        return result.scores, result.overlay, result.strip
+        result = explain(predictor, digit, head_fusion, discard_ratio, k)
+        return result.scores, result.overlay, result.strip, result.model_input
 
     with gr.Blocks(title="vit_hub: what the ViT looks at", analytics_enabled=False,
                    delete_cache=(600, 3600)) as demo:
@@ -332,8 +298,10 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                 strip = gr.Image(label="Rollout after layer 1, 2, ... (left to right)", type="pil",
                                  format="jpeg", interactive=False, buttons=["download", "fullscreen"],
                                  elem_id="layer-strip")
+                model_input = gr.Image(label=_model_input_label(config), type="pil", format="png",
+                                       interactive=False, height=160, elem_id="model-input")
 
-        controls, outputs = [head_fusion, discard_ratio, k], [label, rollout, strip]
+        controls, outputs = [head_fusion, discard_ratio, k], [label, rollout, strip, model_input]
         # preprocess=False: the handler opens the upload itself, so a non-image gets a clear gr.Error
         # (Gradio still checks that the file is one that was uploaded).
         submit.click(predict, [image] + controls, outputs, api_name="predict", concurrency_id="model",
@@ -342,6 +310,13 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
             submit_drawing.click(predict_drawing, [drawing] + controls, outputs, api_name="predict_drawing",
                                  concurrency_id="model", concurrency_limit=CONCURRENCY_LIMIT)
     return demo
+
+
+def _model_input_label(config: ViTConfig) -> str:
+    size = f"{config.image_size[0]}x{config.image_size[1]}"
+    if config.canonicalize == "digit":
+        return f"What the model saw: the digit cropped, centred and scaled like MNIST ({size})"
+    return f"What the model saw ({size})"
 
 
 def _examples(image: gr.Image) -> None:

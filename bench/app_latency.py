@@ -37,7 +37,7 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 from gradio_client import Client, handle_file  # noqa: E402
 
 import app  # noqa: E402
-from vit_hub.preprocess import preprocess  # noqa: E402
+from vit_hub.preprocess import model_pixels, to_model_domain  # noqa: E402
 from vit_hub.rollout import layer_rollouts  # noqa: E402
 
 # The floor: the app's launch settings around an endpoint that does nothing.
@@ -126,13 +126,13 @@ def handler_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200)
     model_times, handler_times = [], []
     for index in range(rounds):
         start = time.perf_counter()
-        view = app.to_model_mode(app.read_upload(str(samples[index % len(samples)])), predictor.config.in_channels)
-        pixels = preprocess(view, predictor.config)[None]
+        view = to_model_domain(app.read_upload(str(samples[index % len(samples)])), predictor.config)
+        pixels = model_pixels(view, predictor.config)[None]
         forward = time.perf_counter()
         _, attentions = predictor.predict(pixels)
         layer_rollouts(attentions, "mean", 0.0, predictor.config.grid_size, predictor.config.pooling)
         model_times.append(time.perf_counter() - forward)
-        app.explain(predictor, view, app.for_display(view), "mean", 0.0, 3)
+        app.explain(predictor, view, "mean", 0.0, 3)
         handler_times.append(time.perf_counter() - start - model_times[-1])
     return 1000 * float(np.median(model_times)), 1000 * float(np.median(handler_times))
 
@@ -141,8 +141,8 @@ def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: l
     predictor = app.load_predictor(model, backend)
 
     def classify(client: Client, index: int) -> None:
-        scores, _, _ = client.predict(handle_file(str(samples[index % len(samples)])), "mean", 0.0, 3,
-                                      api_name="/predict")
+        scores, *_ = client.predict(handle_file(str(samples[index % len(samples)])), "mean", 0.0, 3,
+                                     api_name="/predict")
         if not scores.get("label"):
             raise ValueError(f"no label in {scores}")
 

@@ -103,28 +103,25 @@ def test_main_reports_a_missing_model(tmp_path):
         app.main(["--model", str(tmp_path / "nothing-here")])
 
 
-@pytest.mark.parametrize("sample", SAMPLES[:3], ids=lambda path: path.name)
-def test_drawing_is_centred_like_mnist(sample, tmp_path):
-    original = np.asarray(Image.open(sample), dtype=np.float64)
-    digit = app.normalize_drawing(Image.open(drawn_digit(sample, tmp_path)), (28, 28))
-    assert digit.size == (28, 28) and digit.mode == "L"
-    assert np.corrcoef(original.ravel(), np.asarray(digit, dtype=np.float64).ravel())[0, 1] > 0.9
+def test_empty_drawing_is_refused():
+    with pytest.raises(gr.Error, match="drawing is empty"):
+        app.read_drawing(sketch_value(Image.new("RGB", (400, 400), "white")), (28, 28))
 
 
-def test_drawing_follows_the_configured_size_and_keeps_light_on_dark():
-    canvas = Image.new("L", (300, 300), 0)
-    canvas.paste(255, (20, 40, 60, 200))  # a light bar on black, top left
-    digit = np.asarray(app.normalize_drawing(canvas, (32, 48)))  # height 32, width 48
-    assert digit.shape == (32, 48)
-    rows, cols = np.nonzero(digit > 128)
-    assert rows.max() - rows.min() + 1 == round(32 * 20 / 28)  # tall side fills the 20/28 box
-    assert abs(rows.mean() - 16) < 1.5 and abs(cols.mean() - 24) < 1.5  # centred by mass
+def sketch_value(image: Image.Image) -> dict:
+    """The sketchpad's value as the handler receives it (preprocessed to PIL)."""
+    return {"background": image, "layers": [], "composite": image}
 
 
-@pytest.mark.parametrize("canvas", [Image.new("RGB", (400, 400), "white"), Image.new("L", (50, 50), 0)])
-def test_empty_drawing_is_refused(canvas):
-    with pytest.raises(gr.Error, match="empty"):
-        app.normalize_drawing(canvas, (28, 28))
+@pytest.mark.parametrize("size, shown", [
+    ((300, 140), (300, 140)),  # the input's size
+    ((1000, 1024), (1000, 1024)),
+    ((2048, 1536), (1024, 768)),  # longer side capped at DISPLAY_MAX_SIDE
+    ((28, 28), (280, 280)),  # small inputs scaled up by an integer factor
+    ((40, 20), (280, 140)),
+])
+def test_display_size(size, shown):
+    assert app.display_size(*size) == shown
 
 
 # Through gradio_client ----------------------------------------------------------------
@@ -144,7 +141,7 @@ def test_named_endpoints(client):
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
 def test_bundled_samples_are_classified(client, sample, predictor):
-    scores, overlay, strip = predict(client, sample, k=3)
+    scores, overlay, strip, _ = predict(client, sample, k=3)
     assert scores["label"] == label_of(sample)
     assert len(scores["confidences"]) == 3
     assert Image.open(overlay).size == (280, 280)  # 28x28 input, scaled 10x for display
@@ -152,25 +149,42 @@ def test_bundled_samples_are_classified(client, sample, predictor):
     assert Image.open(strip).size == (tiles * (app.STRIP_TILE_HEIGHT + 4) - 4, app.STRIP_TILE_HEIGHT)
 
 
-@pytest.mark.parametrize("size, shown", [
-    ((300, 140), (300, 140)),  # the input's size
-    ((1000, 1024), (1000, 1024)),
-    ((2048, 1536), (1024, 768)),  # longer side capped at DISPLAY_MAX_SIDE
-    ((28, 28), (280, 280)),  # small inputs scaled up by an integer factor
-    ((40, 20), (280, 140)),
-])
-def test_overlay_has_the_input_size_or_the_display_size(client, tmp_path, size, shown):
+@pytest.mark.parametrize("size", [(300, 140), (2048, 1536), (28, 28), (40, 20)])
+def test_a_canonicalising_model_explains_its_canonical_input(client, tmp_path, size):
+    """The bundled model canonicalises digits, so the overlay and the model's input show the
+    centred 28x28 digit (scaled 10x), whatever the upload's size."""
     path = tmp_path / "input.png"
     Image.open(SAMPLES[0]).resize(size).save(path)
-    _, overlay, _ = predict(client, path)
-    assert app.display_size(*size) == shown
-    assert Image.open(overlay).size == shown
+    _, overlay, _, model_input = predict(client, path)
+    assert Image.open(overlay).size == Image.open(model_input).size == (280, 280)
+
+
+def photo_of_digit(sample: Path, tmp_path: Path) -> Path:
+    """An MNIST digit as a phone photo of paper: dark ink, off-centre, light falling off to
+    one side, paper grain, JPEG."""
+    rng = np.random.default_rng(int(label_of(sample)))
+    ink = np.asarray(Image.open(sample).convert("L").resize((150, 150), Image.Resampling.BICUBIC), dtype=np.float64)
+    rows, cols = np.mgrid[0:360, 0:480]
+    paper = 215 - 60 * cols / 480 - 25 * rows / 360 + rng.normal(0, 4, (360, 480))  # light from the left
+    paper[170:320, 60:210] -= 0.7 * ink  # ink absorbs light
+    path = tmp_path / f"photo_{sample.stem}.jpg"
+    Image.fromarray(np.clip(paper, 0, 255).astype(np.uint8)).convert("RGB").save(path, quality=75)
+    return path
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
+def test_photo_of_a_digit_on_paper_is_recognised(client, sample, tmp_path):
+    scores, _, _, model_input = predict(client, photo_of_digit(sample, tmp_path))
+    assert scores["label"] == label_of(sample)
+    seen = np.asarray(Image.open(model_input).convert("L").resize((28, 28), Image.Resampling.BOX), dtype=np.float64)
+    original = np.asarray(Image.open(sample), dtype=np.float64)
+    assert np.corrcoef(seen.ravel(), original.ravel())[0, 1] > 0.8  # the digit, light on black, centred
 
 
 @pytest.mark.parametrize("sample", SAMPLES[:5], ids=lambda path: path.name)
 def test_drawn_digit_is_recognised(client, sample, tmp_path):
-    scores, overlay, _ = client.predict(sketch(drawn_digit(sample, tmp_path)), "mean", 0.0, 3,
-                                        api_name="/predict_drawing")
+    scores, overlay, _, _ = client.predict(sketch(drawn_digit(sample, tmp_path)), "mean", 0.0, 3,
+                                           api_name="/predict_drawing")
     assert scores["label"] == label_of(sample)
     assert Image.open(overlay).size == (280, 280)  # the centred 28x28 digit, scaled for display
 
@@ -184,15 +198,15 @@ def test_cmyk_and_16_bit_images_are_converted(client, tmp_path):
     Image.fromarray(np.asarray(Image.open(sample), dtype=np.uint16) * 257).save(deep)
     assert Image.open(cmyk).mode == "CMYK" and Image.open(deep).mode.startswith("I;16")
     for path in (cmyk, deep):
-        scores, overlay, _ = predict(client, path)
+        scores, overlay, _, _ = predict(client, path)
         assert scores["label"] == label_of(sample)
         assert Image.open(overlay).size == (280, 280)
 
 
 def test_controls_change_the_answer(client):
     sample = SAMPLES[0]
-    scores, plain, _ = predict(client, sample, "mean", 0.0, 5)
-    _, sharp, _ = predict(client, sample, "max", 0.9, 5)
+    scores, plain, _, _ = predict(client, sample, "mean", 0.0, 5)
+    _, sharp, _, _ = predict(client, sample, "max", 0.9, 5)
     assert len(scores["confidences"]) == 5
     assert not np.array_equal(np.asarray(Image.open(plain)), np.asarray(Image.open(sharp)))
 
@@ -217,7 +231,7 @@ def test_bad_input_is_reported_and_the_app_keeps_serving(client, case, tmp_path)
             client.predict(sketch(path), "mean", 0.0, 3, api_name="/predict_drawing")
         else:
             predict(client, path)
-    scores, _, _ = predict(client, SAMPLES[1])
+    scores, _, _, _ = predict(client, SAMPLES[1])
     assert scores["label"] == label_of(SAMPLES[1])
 
 
@@ -244,7 +258,7 @@ def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, t
     try:
         onnx_client = Client(url, verbose=False)
         for sample in SAMPLES[:3]:
-            scores, overlay, _ = predict(onnx_client, sample)
+            scores, overlay, _, _ = predict(onnx_client, sample)
             assert scores["label"] == label_of(sample)
             assert Image.open(overlay).size == (280, 280)
         pixels = np.stack([preprocess(path, onnx.config) for path in SAMPLES])
@@ -282,9 +296,10 @@ def test_an_rgb_model_with_a_non_square_grid(tmp_path):
         assert "/predict_drawing" not in rgb_client.view_api(print_info=False, return_format="dict")["named_endpoints"]
         path = tmp_path / "photo.jpg"
         Image.new("RGB", (90, 60), (200, 120, 40)).save(path)
-        scores, overlay, strip = predict(rgb_client, path, k=5)
+        scores, overlay, strip, model_input = predict(rgb_client, path, k=5)
         assert {item["label"] for item in scores["confidences"]} == {"cat", "dog", "fox"}
         assert Image.open(overlay).size == (360, 240)  # 90x60 scaled 4x for display
+        assert Image.open(model_input).size == (288, 192)  # the 16x24 input, scaled 12x
         assert Image.open(strip).size == (2 * (round(24 * 96 / 16) + 4) - 4, 96)  # 2 layers, tiles 144x96
     finally:
         demo.close()

@@ -17,6 +17,7 @@ from typing import Any
 POS_EMBEDDINGS = ("learned", "sincos")
 POOLINGS = ("cls", "mean")
 PATCH_EMBEDDINGS = ("conv", "shifted")  # "shifted" = shifted patch tokenization (Lee et al. 2021)
+CANONICALIZATIONS = ("none", "digit")  # how inputs are brought to the training domain (canonical.py)
 
 # Architecture presets. Any field given explicitly overrides the preset.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -29,7 +30,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mnist": dict(
         image_size=28, patch_size=4, in_channels=1, embed_dim=64, depth=6, num_heads=4,
         mlp_ratio=4.0, patch_embedding="shifted", pos_embedding="sincos", mean=[0.1307], std=[0.3081],
-        labels=[str(digit) for digit in range(10)],
+        labels=[str(digit) for digit in range(10)], canonicalize="digit",
     ),
     # Small-data preset for photo folders of a few hundred to a few thousand images:
     # small patches, a narrow and shallow model, shifted patches and locality attention.
@@ -108,6 +109,9 @@ class ViTConfig:
         layer_norm_eps: epsilon of every LayerNorm.
         mean, std: per-channel normalisation applied after scaling pixels to [0, 1].
         labels: class names, index i is output i.
+        canonicalize: how any input is first brought into the training images' domain:
+            "none", or "digit" (light ink on black, cropped, scaled and centred like MNIST;
+            see vit_hub/canonical.py).
     """
 
     image_size: Any = 224
@@ -130,6 +134,7 @@ class ViTConfig:
     mean: Any = None
     std: Any = None
     labels: list[str] | None = None
+    canonicalize: str = "none"
 
     def __post_init__(self) -> None:
         self.image_size = _pair(self.image_size, "image_size")
@@ -152,6 +157,7 @@ class ViTConfig:
         self.pos_embedding = _choice(self.pos_embedding, "pos_embedding", POS_EMBEDDINGS)
         self.pooling = _choice(self.pooling, "pooling", POOLINGS)
         self.patch_embedding = _choice(self.patch_embedding, "patch_embedding", PATCH_EMBEDDINGS)
+        self.canonicalize = _choice(self.canonicalize, "canonicalize", CANONICALIZATIONS)
         self._resolve_labels()
         self.mean = _floats(0.5 if self.mean is None else self.mean, "mean", self.in_channels)
         self.std = _floats(0.5 if self.std is None else self.std, "std", self.in_channels)

@@ -30,7 +30,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from .config import ViTConfig
-from .preprocess import normalize, preprocess, resize, to_model_mode
+from .preprocess import normalize, preprocess, resize, to_model_domain
 
 BUNDLED_MNIST = Path(__file__).parent / "bundled"
 AUGMENTATIONS = ("auto", "digits", "photos", "none")
@@ -285,7 +285,7 @@ def compute_mean_std(dataset: Dataset, config: ViTConfig, seed: int = 0,
     """Per-channel mean and std of the training images as the model sees them
     (converted and resized, in [0, 1]), estimated on up to `max_images` of them."""
     images = _sample_images(dataset, max_images, seed)
-    pixels = np.stack([np.asarray(resize(to_model_mode(image, config.in_channels), config)) for image in images])
+    pixels = np.stack([np.asarray(resize(to_model_domain(image, config), config)) for image in images])
     pixels = pixels.reshape(len(images), -1, config.in_channels).astype(np.float64) / 255.0  # [n, HW, C]
     std = np.maximum(pixels.std(axis=(0, 1)), 1 / 255)  # a constant channel must not divide by 0
     return pixels.mean(axis=(0, 1)).round(4).tolist(), std.round(4).tolist()
@@ -326,7 +326,7 @@ class TrainTransform:
         self.after = v2.RandomErasing(p=0.25, value=0) if self.augment == "photos" else v2.Identity()
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        image = to_model_mode(image, self.config.in_channels)
+        image = to_model_domain(image, self.config)
         image = self.before(resize(image, self.config) if self.augment != "photos" else image)
         image = resize(image, self.config)  # a no-op unless nothing above resized
         return self.after(torch.from_numpy(normalize(np.asarray(image), self.config)))

@@ -1,8 +1,9 @@
 """Image -> model input, from the config alone. Torch-free (PIL + NumPy).
 
 Evaluation, prediction, the ONNX runtime and the app all call `preprocess`, and the
-training transforms start with `to_model_mode` and end with the same resize and
-normalisation, so every path feeds the model identical pixels.
+training transforms start with `to_model_domain` (the config's canonicalisation, then the
+model's mode) and end with the same resize and normalisation, so every path feeds the
+model identical pixels.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Union
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .canonical import canonicalize
 from .config import ViTConfig
 
 ImageInput = Union[str, Path, Image.Image, np.ndarray]
@@ -114,10 +116,20 @@ def normalize(pixels: np.ndarray, config: ViTConfig) -> np.ndarray:
     return (array - mean) / std
 
 
+def to_model_domain(image: Image.Image, config: ViTConfig) -> Image.Image:
+    """A decoded image -> the config's canonical form, in the model's mode (size not yet fixed).
+    Training augments what this returns; every inference path resizes and normalises it."""
+    return to_model_mode(canonicalize(image, config.canonicalize, config.image_size), config.in_channels)
+
+
+def model_pixels(image: Image.Image, config: ViTConfig) -> np.ndarray:
+    """An image in the model's domain (`to_model_domain`) -> float32 [C, H, W]."""
+    return normalize(np.asarray(resize(image, config)), config)
+
+
 def preprocess(source: ImageInput, config: ViTConfig) -> np.ndarray:
     """One image -> float32 [C, H, W] ready for the model (add a batch axis yourself)."""
-    image = to_model_mode(load_image(source), config.in_channels)
-    return normalize(np.asarray(resize(image, config)), config)
+    return model_pixels(to_model_domain(load_image(source), config), config)
 
 
 def preprocess_batch(sources: list[Any], config: ViTConfig) -> np.ndarray:
