@@ -17,21 +17,22 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import re
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import gradio as gr
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from gradio.utils import get_upload_folder
+from PIL import Image
 
 from vit_hub.cli import OneLineErrorParser
 from vit_hub.config import ViTConfig
 from vit_hub.postprocess import softmax, top_k
 from vit_hub.canonical import EmptyImageError, centre_digit
-from vit_hub.preprocess import MAX_PIXELS, load_image, model_pixels, resize, to_model_domain
+from vit_hub.preprocess import load_image, model_pixels, open_image, resize, to_model_domain
 from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
 
 ROOT = Path(__file__).resolve().parent
@@ -47,6 +48,7 @@ STRIP_TILE_HEIGHT = 96  # height of each tile in the per-layer rollout strip
 MAX_FILE_SIZE = "20mb"
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
 QUEUE_SIZE = 64
+MAX_NAME_CHARS = 80  # of a client's file name, when a message names it
 # Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck.
 CSS = "#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }"
 
@@ -138,34 +140,59 @@ def _export_now(model_dir: Path) -> Path:
 
 # Reading inputs -------------------------------------------------------------------------
 def read_upload(upload: dict | str | None) -> Image.Image:
-    """An uploaded file (Gradio's file data or a path) -> decoded PIL image, upright.
+    """A file this client uploaded (Gradio's file data) -> decoded PIL image, upright.
 
-    Anything unusable raises gr.Error. The header is checked before decoding, so a
-    huge image is refused without spending memory on it.
+    Anything unusable raises gr.Error naming the client's own file name, never a server
+    path. The size is checked from the header before decoding (`open_image`), so a huge
+    image is refused without spending memory on it.
     """
-    path = upload.get("path") if isinstance(upload, dict) else upload
+    path, name = uploaded_file(upload)
+    try:
+        return load_image(open_image(path, name))
+    except (OSError, ValueError) as error:
+        raise gr.Error(str(error)) from None
+
+
+def uploaded_file(upload: dict | str | None) -> tuple[Path, str]:
+    """(the upload's path on the server, the name its client gave it), for uploads only.
+
+    /predict takes its file data unprocessed, and Gradio checks paths only in file data
+    that carries its `meta` marker, so the path a request names is checked here: with
+    symlinks and `..` resolved, it must lie inside Gradio's upload folder, where every
+    upload (and every bundled example shown on the page) is copied. Anything else, a
+    file elsewhere on the server or a URL, is refused without being opened.
+    """
+    path, name = (upload.get("path"), upload.get("orig_name")) if isinstance(upload, dict) else (upload, None)
     if not path:
         raise gr.Error("No image yet: upload one or pick an example.")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as probe:
-                width, height = probe.size
-    except Image.DecompressionBombError:
-        raise gr.Error(f"The image is too large; the limit is {MAX_PIXELS // 1_000_000} megapixels.") from None
-    except (UnidentifiedImageError, OSError):
-        raise gr.Error("That file is not an image this app can read (try PNG, JPEG, WebP, BMP or TIFF).") from None
-    if width * height > MAX_PIXELS:
-        raise gr.Error(f"The image is {width}x{height} pixels; the limit is {MAX_PIXELS // 1_000_000} megapixels.")
-    image = load_image(path)
-    return ImageOps.exif_transpose(image)  # as browsers show photos with an EXIF rotation
+        resolved = Path(path).resolve()
+        inside = isinstance(path, str) and resolved.is_relative_to(Path(get_upload_folder()).resolve())
+    except (OSError, ValueError, TypeError):  # a null byte, a symlink loop, not a string
+        inside = False
+    if not inside:
+        raise gr.Error("Only images uploaded to this app can be classified: expected an uploaded file, "
+                       "got a path that is not an upload.")
+    return resolved, client_name(name if isinstance(name, str) and name else str(path))
+
+
+def client_name(name: str) -> str:
+    """The last part of a client's file name (either kind of slash), shortened for messages."""
+    base = re.split(r"[\\/]", name)[-1] or "the image"
+    return base if len(base) <= MAX_NAME_CHARS else base[:MAX_NAME_CHARS - 3] + "..."
 
 
 def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
-    """The sketchpad's value -> the centred digit the model will see."""
+    """The sketchpad's value -> the centred digit the model will see.
+
+    Gradio preprocesses it (only files uploaded to this app get through) into PIL images;
+    anything else, such as a path, is refused here rather than opened.
+    """
     composite = (value or {}).get("composite")
     if composite is None:
         raise gr.Error("The drawing is empty: draw a digit first.")
+    if not isinstance(composite, Image.Image):
+        raise gr.Error(f"expected the drawing as an image, got {type(composite).__name__}")
     try:
         return centre_digit(load_image(composite), size)
     except EmptyImageError:
@@ -302,8 +329,8 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                                        interactive=False, height=160, elem_id="model-input")
 
         controls, outputs = [head_fusion, discard_ratio, k], [label, rollout, strip, model_input]
-        # preprocess=False: the handler opens the upload itself, so a non-image gets a clear gr.Error
-        # (Gradio still checks that the file is one that was uploaded).
+        # preprocess=False: the handler opens the upload itself, so a non-image gets a clear gr.Error.
+        # Gradio then does not check the path, so read_upload does: only uploads are opened.
         submit.click(predict, [image] + controls, outputs, api_name="predict", concurrency_id="model",
                      concurrency_limit=CONCURRENCY_LIMIT, preprocess=False)
         if config.in_channels == 1:

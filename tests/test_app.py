@@ -219,7 +219,7 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     Image.new("L", (1, 1)).save(tiny)
     Image.new("1", (10_000, 10_000), 1).save(huge)  # a few kB on disk, 100 megapixels decoded
     Image.new("RGB", (400, 400), "white").save(blank)
-    return {"non-image": (text, "not an image"), "1x1": (tiny, "at least 2x2"),
+    return {"non-image": (text, "notes.png is not a readable image"), "1x1": (tiny, "at least 2x2"),
             "10000x10000": (huge, "megapixels"), "empty drawing": (blank, "drawing is empty")}
 
 

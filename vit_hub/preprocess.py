@@ -8,6 +8,7 @@ model identical pixels.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Union
 
@@ -19,23 +20,57 @@ from .config import ViTConfig
 
 ImageInput = Union[str, Path, Image.Image, np.ndarray]
 
-# Largest image we agree to decode (pixels): beyond this PIL's own bomb check would fire
-# with a less helpful message.
+# Largest image we agree to decode (pixels), checked from the file's header before decoding.
 MAX_PIXELS = 64_000_000
+PIXEL_LIMIT = f"at most {MAX_PIXELS // 1_000_000} megapixels"
 ORIENTATION_TAG = 0x0112  # EXIF
 
 
-def open_image(path: str | Path) -> Image.Image:
-    """Open and decode an image file; one clear error if it is not a readable image."""
+def open_image(path: str | Path, name: str | None = None) -> Image.Image:
+    """Open and decode an image file; one clear error if it is not a readable image.
+
+    The size is read from the file's header and checked before anything is decoded, so a
+    huge image (or a decompression bomb) is refused without spending memory on it. `name`
+    is how messages call the file (default: its path); the app passes the client's own
+    file name so that no server path reaches a user.
+    """
     path = Path(path)
+    shown = str(path) if name is None else name
     if not path.is_file():
-        raise FileNotFoundError(f"expected an image file at {path}, found nothing")
-    try:
-        with Image.open(path) as image:
+        found = "a folder" if path.is_dir() else "nothing"
+        raise FileNotFoundError(f"expected an image file at {shown}, found {found}")
+    with _opened(path, shown) as image:
+        check_pixels(*image.size, shown)
+        try:
             image.load()
-            return image
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise ValueError(f"{path} is not a readable image ({error})") from None
+        except (OSError, SyntaxError, ValueError) as error:  # truncated or corrupt data
+            detail = str(error).replace(str(path), shown)
+            raise ValueError(f"{shown} is not a readable image: expected complete image data, "
+                             f"decoding failed ({detail})") from None
+        return image
+
+
+def _opened(path: Path, shown: str) -> Image.Image:
+    """Image.open (reads the header only), with its failures as one-line errors."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # check_pixels says it better
+            return Image.open(path)
+    except Image.DecompressionBombError:
+        found = f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0) / 1e6:.0f} megapixels"
+        raise ValueError(f"{shown} is too large: expected {PIXEL_LIMIT}, found {found}") from None
+    except UnidentifiedImageError:
+        raise ValueError(f"{shown} is not a readable image: expected a format Pillow reads "
+                         f"(PNG, JPEG, WebP, BMP, TIFF, ...), found none it recognises") from None
+    except OSError as error:
+        raise ValueError(f"{shown} cannot be read: {error.strerror or type(error).__name__}") from None
+
+
+def check_pixels(width: int, height: int, shown: str = "the image") -> None:
+    """An image larger than MAX_PIXELS is refused (before decoding, when read from a file)."""
+    if width * height > MAX_PIXELS:
+        raise ValueError(f"{shown} is too large: expected {PIXEL_LIMIT}, "
+                         f"found {width}x{height} ({width * height / 1e6:.0f} megapixels)")
 
 
 def _from_array(array: np.ndarray) -> Image.Image:
@@ -74,8 +109,7 @@ def load_image(source: ImageInput) -> Image.Image:
     width, height = image.size
     if width < 2 or height < 2:
         raise ValueError(f"expected an image at least 2x2 pixels, got {width}x{height}")
-    if width * height > MAX_PIXELS:
-        raise ValueError(f"expected an image of at most {MAX_PIXELS} pixels, got {width}x{height}")
+    check_pixels(width, height)
     return image
 
 
