@@ -30,7 +30,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from .config import ViTConfig
-from .preprocess import normalize, preprocess, resize, to_model_domain
+from .preprocess import normalize, open_image, preprocess, resize, to_model_domain
 
 BUNDLED_MNIST = Path(__file__).parent / "bundled"
 AUGMENTATIONS = ("auto", "digits", "photos", "none")
@@ -135,8 +135,10 @@ def _torchvision_dataset(name: str, data_root: str | None) -> DataSplits:
 
 
 class _ImageChecker:
-    """`is_valid_file` for ImageFolder: image extensions only, and the file must decode
-    its header. Unreadable files are collected (or raise at once with `strict`)."""
+    """`is_valid_file` for ImageFolder: image extensions only, and the file must decode in
+    full within the size limit (`open_image`). Checking only the header (PIL's verify())
+    lets a truncated JPEG through to fail mid-training. Unreadable files are collected (or
+    raise at once with `strict`)."""
 
     def __init__(self, strict: bool):
         self.strict = strict
@@ -146,12 +148,11 @@ class _ImageChecker:
         if not path.lower().endswith(IMG_EXTENSIONS):
             return False
         try:
-            with Image.open(path) as image:
-                image.verify()
+            open_image(path, Path(path).name).close()
             return True
-        except Exception as error:  # PIL raises many types for broken files
+        except Exception as error:  # open_image's one-line errors, and whatever else a broken file raises
             if self.strict:
-                raise DataError(f"unreadable image {path} ({type(error).__name__}: {error})") from None
+                raise DataError(f"unreadable image {path} ({error})") from None
             self.unreadable.append(path)
             return False
 
