@@ -401,3 +401,51 @@ def test_config_and_preprocess_import_without_torch():
             "sys.exit('torch was imported' if 'torch' in sys.modules else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr + result.stdout
+
+
+def augmented_epochs(dataset, sampler, workers: int, epochs=(0, 1)) -> list[torch.Tensor]:
+    loader = make_loader(dataset, 4, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
+                         sampler=sampler, persistent_workers=True)
+    batches = []
+    for epoch in epochs:
+        sampler.set_epoch(epoch)
+        batches.append(torch.cat([pixels for pixels, _ in loader]))
+    return batches
+
+
+def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder):
+    """Each sample's augmentation follows from (seed, epoch, index): 0 workers, 2 persistent
+    workers, and the main process's RNG state change nothing."""
+    splits = load_splits(str(split_image_folder))
+    config = ViTConfig(**tiny_config(image_size=[16, 16]))
+    dataset = vdata.SeededAugmentation(splits.train, TrainTransform(config, "photos"), seed=3)
+
+    def sampler():
+        return vdata.EpochSampler(len(dataset), seed=3, batch_size=4, drop_last=True)
+
+    torch.manual_seed(0)
+    in_process = augmented_epochs(dataset, sampler(), workers=0)
+    torch.manual_seed(1)
+    in_workers = augmented_epochs(dataset, sampler(), workers=2)
+    for first, second in zip(in_process, in_workers):
+        assert torch.equal(first, second)
+    assert not torch.equal(in_process[0], in_process[1])  # every epoch a new shuffle and augmentation
+
+
+@pytest.mark.parametrize("size, batch, drop_last", [(30, 8, True), (30, 8, False), (7, 16, False)])
+def test_each_process_takes_its_share_of_the_single_process_batches(size, batch, drop_last):
+    single = list(vdata.EpochSampler(size, seed=5, batch_size=batch, drop_last=drop_last))
+    shares = [list(vdata.EpochSampler(size, seed=5, batch_size=batch, drop_last=drop_last, rank=rank, world_size=2))
+              for rank in range(2)]
+    per_rank = batch // 2
+    for step in range(0, len(single), batch):
+        together = sorted(key for share in shares for key in share[step // 2:step // 2 + per_rank])
+        assert together == sorted(single[step:step + batch])
+    assert len(single) == (size // batch * batch if drop_last else size)
+
+
+def test_sampler_keys_name_the_epoch_and_the_index():
+    sampler = vdata.EpochSampler(10, seed=0, batch_size=5, drop_last=True)
+    sampler.set_epoch(3)
+    keys = list(sampler)
+    assert sorted(key - 30 for key in keys) == list(range(10))

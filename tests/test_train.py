@@ -21,8 +21,9 @@ from vit_hub import data as vdata
 from vit_hub.config import PRESETS, ViTConfig
 from vit_hub.model import VisionTransformer
 from vit_hub.train import (
-    CHECKPOINT, Trainer, TrainingError, TrainSettings, build_config, default_epochs, evaluate, learning_rate,
-    load_checkpoint, parameter_groups, peak_learning_rate, read_checkpoint_state, save_checkpoint, train,
+    CHECKPOINT, Trainer, TrainingError, TrainSettings, build_config, default_batch_size, default_epochs, evaluate,
+    learning_rate, load_checkpoint, parameter_groups, peak_learning_rate, read_checkpoint_state, save_checkpoint,
+    shift_warning, train,
 )
 
 TINY_MODEL = dict(image_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0)
@@ -117,13 +118,32 @@ def test_a_new_run_never_writes_over_a_trained_model(learned_run, image_folder, 
     assert len(metrics["history"]) == 1
 
 
+@pytest.mark.parametrize("num_train, batch", [(60_000, 128), (1280, 128), (400, 32), (108, 16), (20, 16)])
+def test_small_data_gets_a_smaller_batch_for_enough_steps(num_train, batch):
+    assert default_batch_size(num_train) == batch
+
+
+@pytest.mark.parametrize("val, test, n, warned", [
+    (0.95, 0.22, 100, True),  # the stain-shifted cells of issue 11
+    (0.95, 0.93, 100, False),  # within noise
+    (0.90, 0.80, 20, False),  # 10 points, but 20 test images cannot tell
+    (0.99, 0.90, 1000, True),
+])
+def test_test_far_below_validation_is_reported(val, test, n, warned):
+    evaluation = {"val": {"accuracy": val, "n": n}, "test": {"accuracy": test, "n": n}}
+    warning = shift_warning(evaluation)
+    assert (warning is not None) == warned
+    if warned:
+        assert f"test accuracy {test:.3f} is far below validation accuracy {val:.3f}" in warning
+
+
 @pytest.mark.parametrize("preset, batch, lr, expected", [
     (None, 128, None, 1e-3), (None, 256, None, 2e-3), ("mnist", 128, None, 2e-3), ("mnist", 64, None, 1e-3),
     ("mnist", 128, 5e-4, 5e-4), ("tiny", 128, None, 1e-3),
 ])
 def test_learning_rate_follows_flag_then_preset_then_default_scaled_to_the_batch(preset, batch, lr, expected):
     settings = TrainSettings(data="mnist", out="unused", preset=preset, batch_size=batch, lr=lr)
-    assert peak_learning_rate(settings) == pytest.approx(expected)
+    assert peak_learning_rate(settings, batch) == pytest.approx(expected)
 
 
 def test_config_stores_labels_and_the_training_split_mean_and_std(learned_run, image_folder):
@@ -189,6 +209,15 @@ def straight_run(split_image_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight") / "model"
     metrics, _, _ = quietly(train, tiny_settings(split_image_folder, out, **RANDOM_RUN))
     return dict(out=out, metrics=metrics)
+
+
+def test_validation_and_test_are_reported_side_by_side(straight_run):
+    metrics = straight_run["metrics"]
+    assert set(metrics["evaluation"]) == {"val", "test"}
+    assert metrics["evaluation"]["test"] == {key: metrics["final"][key] for key in ("accuracy", "loss", "n")}
+    assert metrics["evaluation"]["val"]["n"] == 8 and metrics["evaluation"]["test"]["n"] == 16  # 25 % of 32; 2 x 8
+    card = (straight_run["out"] / "README.md").read_text()
+    assert "| split | accuracy | loss | images |" in card and "| val |" in card and "| test |" in card
 
 
 def assert_same_run(out, straight_run):

@@ -60,9 +60,17 @@ def _architecture_table(config: ViTConfig, parameters: int | None) -> str:
 def _metrics_section(metrics: dict[str, Any]) -> str:
     lines = []
     final = metrics.get("final")
-    if final:
+    evaluation = metrics.get("evaluation")
+    if evaluation:  # validation and test side by side
+        lines += ["| split | accuracy | loss | images |", "|---|---|---|---|"]
+        lines += [f"| {name} | {split['accuracy']:.4f} | {split['loss']:.4f} | {split['n']} |"
+                  for name, split in evaluation.items()]
+        lines.append("")
+    elif final:
         lines.append(f"- **{final['split']} accuracy: {final['accuracy']:.4f}** "
                      f"(loss {final['loss']:.4f}, {final['n']} images)")
+    if metrics.get("warning"):
+        lines.append(f"- **Warning: {metrics['warning']}.**")
     if metrics.get("best_val_accuracy") is not None and metrics.get("history"):
         lines.append(f"- best validation accuracy: {metrics['best_val_accuracy']:.4f} "
                      f"after {len(metrics['history'])} of {metrics.get('epochs')} epochs")

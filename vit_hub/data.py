@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
@@ -34,6 +34,7 @@ from .preprocess import normalize, open_image, preprocess, resize, to_model_doma
 
 BUNDLED_MNIST = Path(__file__).parent / "bundled"
 AUGMENTATIONS = ("auto", "digits", "photos", "none")
+CROP_SCALE = (0.5, 1.0)  # share of the image a random-resized crop keeps
 
 # torchvision datasets we read from --data-root: name -> (class, how it selects a split)
 TORCHVISION_DATASETS = {
@@ -307,7 +308,9 @@ class TrainTransform:
     """Random augmentation, then the same conversion and normalisation as EvalTransform.
 
     digits: small random affine (rotation, shift, scale, shear) of the resized image.
-    photos: random-resized crop, horizontal flip, RandAugment, then random erasing.
+    photos: random-resized crop that keeps most of the frame (a small object is not cropped
+        away), horizontal flip, colour jitter (another camera, stain or light: brightness,
+        contrast, saturation and hue), RandAugment, then random erasing.
     """
 
     def __init__(self, config: ViTConfig, augment: str):
@@ -318,8 +321,9 @@ class TrainTransform:
             self.before = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=8)
         elif self.augment == "photos":
             self.before = v2.Compose([
-                v2.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True),
+                v2.RandomResizedCrop(size, scale=CROP_SCALE, antialias=True),
                 v2.RandomHorizontalFlip(),
+                v2.ColorJitter(brightness=0.3, contrast=0.3, saturation=0.3, hue=0.1),
                 v2.RandAugment(num_ops=2, magnitude=9),
             ])
         else:
@@ -356,18 +360,82 @@ class Transformed(Dataset):
         return self.transform(image), int(label)
 
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The augmentation seed of one sample in one epoch: a function of the three numbers only."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
+
+
+class SeededAugmentation(Dataset):
+    """(PIL image, label) dataset -> (augmented tensor, label), keyed by `epoch * n + index`.
+
+    Each sample draws its augmentation from its own seed (`sample_seed`) inside a forked
+    RNG, so the images a run sees depend on the seed alone: not on the number of DataLoader
+    workers, on whether they persist across epochs, or on the number of processes, and
+    the main process's RNG (dropout) is left untouched when there are no workers.
+    """
+
+    def __init__(self, dataset: Dataset, transform: Callable[[Image.Image], torch.Tensor], seed: int):
+        self.dataset = dataset
+        self.transform = transform
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: int):
+        epoch, index = divmod(key, len(self.dataset))
+        image, label = self.dataset[index]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed(self.seed, epoch, index))
+            pixels = self.transform(image)
+        return pixels, int(label)
+
+
+class EpochSampler(Sampler[int]):
+    """Keys `epoch * n + index` of a seeded shuffle of n samples, one epoch at a time.
+
+    `set_epoch` picks the epoch (a new order each). With `batch_size` (global) and
+    `drop_last`, the order is cut to whole batches. Under DDP every process shuffles alike
+    and takes every `world_size`-th key, so process r's part of global batch s holds the
+    very keys a single process puts in batch s.
+    """
+
+    def __init__(self, size: int, seed: int, batch_size: int, drop_last: bool, rank: int = 0,
+                 world_size: int = 1):
+        self.size, self.seed, self.batch_size, self.drop_last = size, seed, batch_size, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _keys(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.size, generator=generator)
+        if self.drop_last:
+            order = order[:self.size // self.batch_size * self.batch_size]
+        return (order[self.rank::self.world_size] + self.epoch * self.size).tolist()
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+
 def default_workers() -> int:
     """Half the cores for decoding and augmentation (the rest run the model), at most 8."""
     return max(0, min(8, (os.cpu_count() or 1) // 2))
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int,
-                pin_memory: bool, sampler=None, drop_last: bool = False) -> DataLoader:
-    """A DataLoader whose order and worker seeds depend only on `seed`, so an epoch can be
-    replayed exactly (the trainer passes a different seed each epoch)."""
+                pin_memory: bool, sampler: Sampler | None = None, persistent_workers: bool = False) -> DataLoader:
+    """A DataLoader whose order depends only on `seed` (or on `sampler`). The trainer's loader
+    keeps its workers across epochs (`persistent_workers`): starting them anew costs a second
+    or more per epoch, all of a small dataset's epoch."""
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(
         dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
-        num_workers=num_workers, pin_memory=pin_memory, generator=generator, drop_last=drop_last,
-        persistent_workers=False,  # fresh workers each epoch get seeds from `generator`
+        num_workers=num_workers, pin_memory=pin_memory, generator=generator,
+        persistent_workers=persistent_workers and num_workers > 0,
     )

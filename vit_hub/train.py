@@ -7,8 +7,9 @@
       -> at the end: the best weights evaluated on the test split, plots and model card
 
 One process or many: under `torchrun` the same code runs DistributedDataParallel
-(gloo on CPU, nccl on CUDA); `--batch-size` is the global batch either way, so the
-learning rate and results do not depend on the number of processes.
+(gloo on CPU, nccl on CUDA); `--batch-size` is the global batch either way, and every
+process takes its share of the same global batches with the same per-sample augmentation,
+so the learning rate and the data a run sees do not depend on the number of processes.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, Subset
-from torch.utils.data.distributed import DistributedSampler
 from tqdm.auto import tqdm
 
 from . import data as vdata
@@ -41,6 +41,8 @@ from .model import VisionTransformer
 from .plots import plot_confusion_matrix, plot_curves
 
 CHECKPOINT = "checkpoint.safetensors"
+DEFAULT_BATCH_SIZE = 128
+SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported as a likely shift
 MODEL_FIELDS = (
     "image_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout",
     "attention_dropout", "drop_path", "pos_embedding", "pooling", "patch_embedding",
@@ -58,7 +60,7 @@ class TrainSettings:
     preset: str | None = None
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # overrides of MODEL_FIELDS
     epochs: int | None = None  # None: chosen from the dataset size
-    batch_size: int = 128  # global, across all processes
+    batch_size: int | None = None  # global, across all processes; None: chosen from the data size
     lr: float | None = None  # None: 1e-3 (mnist preset: 2e-3) x batch_size / 128
     weight_decay: float = 0.05
     warmup_epochs: float | None = None  # None: 5 % of the run
@@ -163,17 +165,23 @@ def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float) -
     return peak * (0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
-def peak_learning_rate(settings: TrainSettings) -> float:
+def peak_learning_rate(settings: TrainSettings, batch_size: int) -> float:
     """--lr, else the preset's (or the default) rate per 128 images, scaled to the batch."""
     if settings.lr is not None:
         return settings.lr
     per_128 = PRESET_LEARNING_RATES.get(settings.preset or "", DEFAULT_LEARNING_RATE)
-    return per_128 * settings.batch_size / 128
+    return per_128 * batch_size / 128
 
 
 def default_epochs(num_train: int) -> int:
     """About 200k training samples seen in all, 10 to 200 epochs."""
     return int(min(200, max(10, round(200_000 / num_train))))
+
+
+def default_batch_size(num_train: int) -> int:
+    """128, or on small data the power of two giving about 10 steps an epoch (at least 16):
+    a batch as large as the dataset makes one optimizer step an epoch, too few to learn."""
+    return int(min(DEFAULT_BATCH_SIZE, max(16, 2 ** math.floor(math.log2(max(1, num_train // 10))))))
 
 
 # Evaluation ------------------------------------------------------------------------------
@@ -279,6 +287,8 @@ class Trainer:
                                         settings.seed, settings.strict)
         self.config = ViTConfig.from_dict(state["config"]) if resume else build_config(settings, self.splits)
         self.epochs = settings.epochs if settings.epochs is not None else default_epochs(len(self.splits.train))
+        self.batch_size = (settings.batch_size if settings.batch_size is not None
+                           else default_batch_size(len(self.splits.train)))
         self._check_batch()
         torch.manual_seed(settings.seed)
         self.model = VisionTransformer(**self.config.to_dict()).to(self.runtime.device)
@@ -302,10 +312,10 @@ class Trainer:
     # set-up helpers
     @property
     def peak_lr(self) -> float:
-        return peak_learning_rate(self.settings)
+        return peak_learning_rate(self.settings, self.batch_size)
 
     def _check_batch(self) -> None:
-        batch, world = self.settings.batch_size, self.runtime.world_size
+        batch, world = self.batch_size, self.runtime.world_size
         if batch < 1 or batch % world:
             raise TrainingError(f"--batch-size: expected a positive multiple of the {world} processes, got {batch}")
         if len(self.splits.train) < world:
@@ -315,17 +325,21 @@ class Trainer:
         settings, runtime, config = self.settings, self.runtime, self.config
         workers = vdata.default_workers() if settings.num_workers is None else settings.num_workers
         pin = runtime.device.type == "cuda"
-        self.train_set = vdata.Transformed(self.splits.train, vdata.TrainTransform(config, settings.augment))
-        self.per_rank_batch = settings.batch_size // runtime.world_size
+        train_set = vdata.SeededAugmentation(self.splits.train, vdata.TrainTransform(config, settings.augment),
+                                             settings.seed)
+        self.per_rank_batch = self.batch_size // runtime.world_size
         self.loader_options = dict(num_workers=workers, pin_memory=pin)
+        full_batches = len(train_set) >= self.batch_size
+        self.sampler = vdata.EpochSampler(len(train_set), settings.seed, self.batch_size, drop_last=full_batches,
+                                          rank=runtime.rank, world_size=runtime.world_size)
+        self.train_loader = vdata.make_loader(train_set, self.per_rank_batch, shuffle=False, seed=0,
+                                              sampler=self.sampler, persistent_workers=True, **self.loader_options)
         eval_transform = vdata.EvalTransform(config)
         self.eval_sets = {
             name: vdata.Transformed(self._shard(dataset), eval_transform)
             for name in ("val", "test") if (dataset := getattr(self.splits, name)) is not None
         }
-        self.steps_per_epoch = math.ceil(len(self.splits.train) / settings.batch_size)
-        if len(self.splits.train) >= settings.batch_size:
-            self.steps_per_epoch = len(self.splits.train) // settings.batch_size  # full batches only
+        self.steps_per_epoch = len(train_set) // self.batch_size if full_batches else 1
 
     def _shard(self, dataset: Dataset) -> Dataset:
         """Every process evaluates a disjoint slice (no padding), results are summed."""
@@ -350,14 +364,8 @@ class Trainer:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
     def _train_loader(self, epoch: int):
-        epoch_seed = self.settings.seed * 100_003 + epoch
-        sampler = None
-        if self.runtime.distributed:
-            sampler = DistributedSampler(self.train_set, shuffle=True, seed=self.settings.seed, drop_last=True)
-            sampler.set_epoch(epoch)  # a new shuffle every epoch, identical on every process
-        drop_last = len(self.train_set) >= self.settings.batch_size
-        return vdata.make_loader(self.train_set, self.per_rank_batch, shuffle=True, seed=epoch_seed,
-                                 sampler=sampler, drop_last=drop_last, **self.loader_options)
+        self.sampler.set_epoch(epoch)  # a new shuffle every epoch, identical on every process
+        return self.train_loader
 
     def _eval_loader(self, name: str):
         return vdata.make_loader(self.eval_sets[name], max(256, self.per_rank_batch), shuffle=False,
@@ -399,7 +407,7 @@ class Trainer:
             f"model: {parameters / 1e6:.2f} M parameters, {self.config.image_size[0]}x{self.config.image_size[1]}x"
             f"{self.config.in_channels}, patch {self.config.patch_size[0]}x{self.config.patch_size[1]}, "
             f"dim {self.config.embed_dim}, depth {self.config.depth}, heads {self.config.num_heads}\n"
-            f"training: {self.epochs} epochs, batch {self.settings.batch_size}, lr {self.peak_lr:g}, "
+            f"training: {self.epochs} epochs, batch {self.batch_size}, lr {self.peak_lr:g}, "
             f"{self.runtime.world_size} process(es) on {self.runtime.device}"
         )
 
@@ -511,27 +519,51 @@ class Trainer:
         (self.out / "metrics.json").write_text(json.dumps({**self._metrics(), **(extra or {})}, indent=2) + "\n")
 
     def _finish(self) -> dict[str, Any]:
-        """Best weights back in, evaluated on test (or val); plots and card written."""
+        """Best weights back in, evaluated on validation and test side by side (a test split
+        far below validation is reported); plots and card written."""
         if self.runtime.distributed:
             dist.barrier()  # rank 0 has written the best weights; everyone loads them
         best = VisionTransformer.from_pretrained(str(self.out)).to(self.runtime.device)
-        split = "test" if "test" in self.eval_sets else "val" if "val" in self.eval_sets else None
+        results = {name: evaluate(best, self._eval_loader(name), self.runtime.device, self.config.num_classes,
+                                  self.runtime)
+                   for name in ("val", "test") if name in self.eval_sets}
         final: dict[str, Any] = {}
-        if split:
-            result = evaluate(best, self._eval_loader(split), self.runtime.device, self.config.num_classes,
-                              self.runtime)
-            final = {"final": {"split": split, "accuracy": result["accuracy"], "loss": result["loss"],
-                               "n": result["n"]}}
+        if results:
+            split = "test" if "test" in results else "val"
+            evaluation = {name: {key: result[key] for key in ("accuracy", "loss", "n")}
+                          for name, result in results.items()}
+            final = {"final": {"split": split, **evaluation[split]}, "evaluation": evaluation}
+            warning = shift_warning(evaluation)
+            if warning:
+                final["warning"] = warning
         if self.runtime.is_main:
             self._write_metrics(final)
             plot_curves(self.history, self.out / "curves.png")
-            if split:
-                plot_confusion_matrix(result["confusion"], self.config.labels, self.out / "confusion_matrix.png",
-                                      title=f"{split} split, accuracy {result['accuracy']:.4f}")
+            if results:
+                plot_confusion_matrix(results[split]["confusion"], self.config.labels,
+                                      self.out / "confusion_matrix.png",
+                                      title=f"{split} split, accuracy {results[split]['accuracy']:.4f}")
             write_model_card(self.out)
-            print(json.dumps({"out": str(self.out), **final.get("final", {}),
+            if final.get("warning"):
+                print(f"warning: {final['warning']}", file=sys.stderr)
+            shown = {f"{name}_accuracy": value["accuracy"] for name, value in final.get("evaluation", {}).items()}
+            print(json.dumps({"out": str(self.out), **final.get("final", {}), **shown,
                               "best_val_accuracy": self.best_accuracy}))
         return {**self._metrics(), **final}
+
+
+def shift_warning(evaluation: dict[str, dict[str, Any]]) -> str | None:
+    """A plain sentence when test accuracy is far below validation accuracy: more than
+    SHIFT_GAP and more than three standard errors of the difference."""
+    if "val" not in evaluation or "test" not in evaluation:
+        return None
+    val, test = evaluation["val"], evaluation["test"]
+    variance = sum(split["accuracy"] * (1 - split["accuracy"]) / max(1, split["n"]) for split in (val, test))
+    if val["accuracy"] - test["accuracy"] <= max(SHIFT_GAP, 3 * math.sqrt(variance)):
+        return None
+    return (f"test accuracy {test['accuracy']:.3f} is far below validation accuracy {val['accuracy']:.3f}: "
+            f"the test images likely come from another acquisition than the training images (camera, "
+            f"stain, lighting, framing), which a validation split drawn from the training images cannot show")
 
 
 def check_out_is_free(out: Path) -> None:
