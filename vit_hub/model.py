@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +27,9 @@ from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 from torch import nn
 
 from .config import ViTConfig
+from .storage import reading_safetensors, replace_files
+
+SAVE_STAGING = ".saving"  # folder inside a model dir that save_pretrained writes before moving files in
 
 
 class PatchEmbedding(nn.Module):
@@ -299,7 +304,26 @@ class VisionTransformer(
             return logits, torch.stack(attentions)  # [depth, B, heads, T, T]
         return logits
 
-    # Loading -----------------------------------------------------------------------
+    # Saving and loading ------------------------------------------------------------
+    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> str | None:
+        """The mixin's save_pretrained (same arguments), made safe to interrupt.
+
+        The mixin deletes config.json first and rewrites the weights in place, so a kill
+        mid-save left a folder without a config. Here everything is written into a staging
+        folder inside `save_directory` and moved in with os.replace, weights first: a crash
+        or kill at any moment leaves the previous model or the new one. (Between the two
+        renames the new weights sit beside the old config.json; they are the same file when a
+        training run saves its best epoch, and a different architecture fails to load.)
+        """
+        target = Path(save_directory)
+        staging = target / SAVE_STAGING
+        shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
+        result = super().save_pretrained(staging, **kwargs)
+        keep_card = (target / "README.md").exists()  # as the mixin: an existing card is kept
+        replace_files(staging, target, ["model.safetensors", "config.json"] + ([] if keep_card else ["README.md"]))
+        shutil.rmtree(staging)
+        return result
+
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download,
                          local_files_only, token, map_location: str = "cpu", strict: bool = True,
@@ -320,7 +344,8 @@ class VisionTransformer(
                 force_download=force_download, token=token, local_files_only=local_files_only,
             )
         try:
-            missing, unexpected = safetensors.torch.load_model(model, weights, strict=False, device=map_location)
+            with reading_safetensors(weights):  # damaged, unreadable or not safetensors: one line
+                missing, unexpected = safetensors.torch.load_model(model, weights, strict=False, device=map_location)
         except RuntimeError as error:  # a weight whose shape differs from the config's
             raise ValueError(f"weights in {weights} do not match the config: {_first_line(error)}") from None
         if strict and (missing or unexpected):

@@ -1,0 +1,81 @@
+"""Model files on disk: safetensors checked before they are read, writes a kill cannot half-do.
+
+Reading: `reading_safetensors(path)` wraps a safetensors read so that a file which is
+missing its data, cut short, unreadable or not safetensors at all (a pickle renamed to
+`model.safetensors`) fails with one line saying what was found. Nothing is ever unpickled.
+
+Writing: `write_text_atomically` and `replace_files` write beside the target and move the
+result in with `os.replace`, so a crash or a kill leaves either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+HEADER_LENGTH_BYTES = 8  # a safetensors file starts with its JSON header's length (u64, little-endian)
+PICKLE_PROTOCOL_MARK = 0x80  # the first byte of a pickle of protocol 2 or later (torch.save's legacy format)
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive of pickles
+
+
+def check_safetensors(path: str | Path) -> None:
+    """A one-line ValueError unless `path` can be read and starts like a safetensors file."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(HEADER_LENGTH_BYTES + 1)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError as error:  # safetensors itself would call any of these "No such file or directory"
+        raise ValueError(f"expected a readable safetensors file at {path}, found one that cannot be "
+                         f"opened ({error.strerror or type(error).__name__})") from None
+    if not _looks_like_safetensors(start, size):
+        raise ValueError(f"expected a safetensors file at {path}, found {_what_it_is(start, size)}")
+
+
+def _looks_like_safetensors(start: bytes, size: int) -> bool:
+    """A header length that fits in the file, followed by the header's opening brace."""
+    if len(start) <= HEADER_LENGTH_BYTES:
+        return False
+    header_length = struct.unpack("<Q", start[:HEADER_LENGTH_BYTES])[0]
+    return header_length <= size - HEADER_LENGTH_BYTES and start[HEADER_LENGTH_BYTES:] == b"{"
+
+
+def _what_it_is(start: bytes, size: int) -> str:
+    """What a file that is not safetensors is instead, judged from its first bytes."""
+    if start.startswith(ZIP_MAGIC):
+        return "a zip archive (torch.save's format?), which vit_hub never loads"
+    if start[:1] == bytes([PICKLE_PROTOCOL_MARK]):
+        return "a Python pickle, which vit_hub never loads (unpickling can run code)"
+    if len(start) <= HEADER_LENGTH_BYTES:
+        return f"{size} bytes, too few for a safetensors header"
+    return f"{size} bytes whose first ones are not a safetensors header (cut short, or another format)"
+
+
+@contextlib.contextmanager
+def reading_safetensors(path: str | Path) -> Iterator[None]:
+    """Check `path` first, then turn safetensors' own errors inside the block into one line."""
+    check_safetensors(path)
+    try:
+        yield
+    except SafetensorError as error:
+        raise ValueError(f"expected a complete safetensors file at {path}, found a damaged one "
+                         f"({error})") from None
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """`path.write_text(text)`, but a kill leaves the old file or the new one, never half of it."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def replace_files(staging: Path, target: Path, names: Iterable[str]) -> None:
+    """Move each named file from `staging` into `target` (same file system), replacing any there."""
+    for name in names:
+        os.replace(staging / name, target / name)
