@@ -16,7 +16,9 @@ from typing import Any
 
 POS_EMBEDDINGS = ("learned", "sincos")
 POOLINGS = ("cls", "mean")
-PATCH_EMBEDDINGS = ("conv", "shifted")  # "shifted" = shifted patch tokenization (Lee et al. 2021)
+# "shifted" = shifted patch tokenization (Lee et al. 2021); "convstem" = early convolutions
+# (Xiao et al. 2021), for patch sides that are powers of two
+PATCH_EMBEDDINGS = ("conv", "shifted", "convstem")
 CANONICALIZATIONS = ("none", "digit")  # how inputs are brought to the training domain (canonical.py)
 
 # Architecture presets. Any field given explicitly overrides the preset.
@@ -76,6 +78,8 @@ def _floats(value: Any, name: str, length: int) -> list[float]:
         values = values * length
     if len(values) != length:
         raise ValueError(f"{name}: expected {length} values (one per channel), got {len(values)}")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{name}: expected finite numbers, got {values}")
     return values
 
 
@@ -104,7 +108,8 @@ class ViTConfig:
         drop_path: stochastic-depth rate of the last block (rates grow linearly from 0).
         pos_embedding: "learned" or fixed 2-D "sincos".
         pooling: "cls" (the class token) or "mean" (mean of patch tokens) feeds the head.
-        patch_embedding: "conv" (ViT) or "shifted" (shifted patch tokenization, for small data).
+        patch_embedding: "conv" (ViT), "shifted" (shifted patch tokenization) or "convstem"
+            (early convolutions); the last two are for small data.
         locality_attention: learnable temperature and no self-token attention (LSA, small data).
         layer_norm_eps: epsilon of every LayerNorm.
         mean, std: per-channel normalisation applied after scaling pixels to [0, 1].
@@ -157,6 +162,9 @@ class ViTConfig:
         self.pos_embedding = _choice(self.pos_embedding, "pos_embedding", POS_EMBEDDINGS)
         self.pooling = _choice(self.pooling, "pooling", POOLINGS)
         self.patch_embedding = _choice(self.patch_embedding, "patch_embedding", PATCH_EMBEDDINGS)
+        if self.patch_embedding == "convstem" and any(side & (side - 1) for side in self.patch_size):
+            raise ValueError(f"patch_embedding convstem: expected patch sides that are powers of two "
+                             f"(each convolution halves the image), got patch_size {self.patch_size}")
         self.canonicalize = _choice(self.canonicalize, "canonicalize", CANONICALIZATIONS)
         self._resolve_labels()
         self.mean = _floats(0.5 if self.mean is None else self.mean, "mean", self.in_channels)
@@ -164,13 +172,15 @@ class ViTConfig:
         if min(self.std) <= 0:
             raise ValueError(f"std: expected positive values, got {self.std}")
         self.mlp_ratio = float(self.mlp_ratio)
-        if not int(self.embed_dim * self.mlp_ratio) >= 1:
+        if not (math.isfinite(self.mlp_ratio) and int(self.embed_dim * self.mlp_ratio) >= 1):
             raise ValueError(f"mlp_ratio: expected a positive ratio (hidden width >= 1), got {self.mlp_ratio}")
         for name in ("dropout", "attention_dropout", "drop_path"):
             value = float(getattr(self, name))
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name}: expected a rate in [0, 1), got {value}")
             setattr(self, name, value)
+        if not 0.0 < self.layer_norm_eps < 1.0:
+            raise ValueError(f"layer_norm_eps: expected a small positive number, got {self.layer_norm_eps}")
 
     def _resolve_labels(self) -> None:
         if self.labels is not None:

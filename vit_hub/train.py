@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -39,8 +40,10 @@ from .card import write_model_card
 from .config import DEFAULT_LEARNING_RATE, PRESET_LEARNING_RATES, PRESETS, ViTConfig, suggest_for_data
 from .model import VisionTransformer
 from .plots import plot_confusion_matrix, plot_curves
+from .storage import reading_safetensors, write_text_atomically
 
 CHECKPOINT = "checkpoint.safetensors"
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 DEFAULT_BATCH_SIZE = 128
 SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported as a likely shift
 MODEL_FIELDS = (
@@ -105,6 +108,9 @@ def start_runtime(device: str) -> Runtime:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise TrainingError("--device cuda: expected a CUDA GPU, found none")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise TrainingError(f"--device {device}: expected a GPU index below {torch.cuda.device_count()}, "
+                            f"found {torch.cuda.device_count()} GPU(s)")
     if device == "cuda":
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
@@ -229,11 +235,9 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata()
-    tensors = load_file(str(path))
+    metadata = _checkpoint_metadata(path)
+    with reading_safetensors(path):
+        tensors = load_file(str(path))
     model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
     optimizer_state: dict[str, Any] = {"state": {}, "param_groups": json.loads(metadata["param_groups"])}
     for key, value in tensors.items():
@@ -246,27 +250,39 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
 
 def read_checkpoint_state(out: Path) -> dict[str, Any]:
     """The JSON part of a run's checkpoint (settings, config, epoch, history)."""
-    from safetensors import safe_open
-
     path = out / CHECKPOINT
     if not path.is_file():
         raise TrainingError(f"--resume: expected a checkpoint at {path}, found none")
-    with safe_open(str(path), framework="pt") as handle:
-        return json.loads(handle.metadata()["state"])
+    return json.loads(_checkpoint_metadata(path)["state"])
+
+
+def _checkpoint_metadata(path: Path) -> dict[str, str]:
+    """A checkpoint's metadata; one line if the file is damaged or not a vit_hub checkpoint."""
+    from safetensors import safe_open
+
+    with reading_safetensors(path), safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    if not {"state", "param_groups"} <= set(metadata):
+        raise TrainingError(f"expected a vit_hub training checkpoint at {path}, found a safetensors file "
+                            f"without a run's state (metadata keys {sorted(metadata)})")
+    return metadata
 
 
 def check_settings(settings: TrainSettings) -> None:
     """Numbers that cannot train fail before any data is read, naming the flag."""
+    # Comparisons with inf as the upper bound refuse inf and NaN too: both train to NaN.
     checks = [
         ("--epochs", settings.epochs, settings.epochs is None or settings.epochs >= 1, "a positive int"),
-        ("--lr", settings.lr, settings.lr is None or settings.lr > 0, "a positive learning rate"),
-        ("--weight-decay", settings.weight_decay, settings.weight_decay >= 0, "a value >= 0"),
-        ("--warmup-epochs", settings.warmup_epochs, settings.warmup_epochs is None or settings.warmup_epochs >= 0,
-         "a value >= 0"),
+        ("--lr", settings.lr, settings.lr is None or 0 < settings.lr < math.inf, "a positive, finite learning rate"),
+        ("--weight-decay", settings.weight_decay, 0 <= settings.weight_decay < math.inf, "a finite value >= 0"),
+        ("--warmup-epochs", settings.warmup_epochs,
+         settings.warmup_epochs is None or 0 <= settings.warmup_epochs < math.inf, "a finite value >= 0"),
         ("--label-smoothing", settings.label_smoothing, 0 <= settings.label_smoothing < 1, "a value in [0, 1)"),
-        ("--grad-clip", settings.grad_clip, settings.grad_clip > 0, "a positive max gradient norm"),
+        ("--grad-clip", settings.grad_clip, 0 < settings.grad_clip < math.inf, "a positive, finite max gradient norm"),
         ("--workers", settings.num_workers, settings.num_workers is None or settings.num_workers >= 0,
          "a count >= 0"),
+        ("--device", repr(settings.device), re.fullmatch(DEVICE_PATTERN, settings.device) is not None,
+         "auto, cpu, cuda or cuda:N"),
     ]
     for flag, value, ok, expected in checks:
         if not ok:
@@ -386,6 +402,7 @@ class Trainer:
             for epoch in range(self.start_epoch, last):
                 record = self._train_epoch(epoch)
                 record.update(self._validate())
+                self._check_finite(record)
                 self._end_epoch(epoch, record)
         except KeyboardInterrupt:
             if self.runtime.is_main:
@@ -474,6 +491,21 @@ class Trainer:
                           self.config.num_classes, self.runtime)
         return {"val_loss": result["loss"], "val_accuracy": result["accuracy"]}
 
+    def _check_finite(self, record: dict[str, Any]) -> None:
+        """A loss or weight that turned inf or NaN stops the run before this epoch saves anything,
+        so the model dir and checkpoint keep the last good epoch. Checked once per epoch, on
+        numbers every process shares (summed losses, identical weights), so all stop together."""
+        bad = [f"{key} {record[key]}" for key in ("train_loss", "val_loss")
+               if key in record and not math.isfinite(record[key])]
+        if not bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()):
+            bad.append("non-finite weights")
+        if bad:
+            raise TrainingError(
+                f"epoch {record['epoch']}: expected a finite loss, got {', '.join(bad)}; stopped without saving "
+                f"this epoch ({self.out} keeps the checkpoint after epoch {record['epoch'] - 1}); "
+                f"try a lower --lr than {self.peak_lr:g}"
+            )
+
     def _end_epoch(self, epoch: int, record: dict[str, Any]) -> None:
         self.history.append(record)
         accuracy = record.get("val_accuracy", record["train_accuracy"])
@@ -516,7 +548,8 @@ class Trainer:
                 "precision": f"{str(amp).removeprefix('torch.')} autocast" if amp else "fp32"}
 
     def _write_metrics(self, extra: dict[str, Any] | None = None) -> None:
-        (self.out / "metrics.json").write_text(json.dumps({**self._metrics(), **(extra or {})}, indent=2) + "\n")
+        metrics = {**self._metrics(), **(extra or {})}
+        write_text_atomically(self.out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
 
     def _finish(self) -> dict[str, Any]:
         """Best weights back in, evaluated on validation and test side by side (a test split
@@ -581,6 +614,8 @@ def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int 
     """Run training (or continue it with `resume`); returns the metrics written.
     `stop_after_epochs` pauses the run early with a resumable checkpoint (time-boxed jobs);
     a new run refuses an --out that holds a model or a run unless `overwrite`."""
+    if Path(settings.out).exists() and not Path(settings.out).is_dir():
+        raise TrainingError(f"--out {settings.out}: expected a folder (new or existing), found a file")
     if not resume and not overwrite:
         check_out_is_free(Path(settings.out))
     trainer = Trainer(settings, resume=resume)
