@@ -13,7 +13,7 @@ the exporting names (which need torch) load on first use.
 from importlib import import_module
 
 _LAZY = {
-    "OnnxClassifier": "runtime", "ProviderFallbackError": "runtime",
+    "OnnxClassifier": "runtime", "ProviderFallbackError": "runtime", "OnnxModelError": "runtime",
     "ExportLayout": "layout",
     "export_onnx": "pipeline",
     "VerificationError": "verify",

@@ -45,6 +45,7 @@ def summary(report: dict) -> list[str]:
         worst = {key: max(row[key] for row in graph["parity"]) for key in graph.get("parity", [{}])[0]
                  if key.endswith("_max_abs_diff")}
         shown = ", ".join(f"{key.removesuffix('_max_abs_diff')} max|diff| {value:.1e}" for key, value in worst.items())
+        shown += f" on {graph['parity'][0]['provider']}" if shown else ""
         lines.append(f"{name}: {graph['bytes'] / 1e6:.2f} MB, opset {graph['opset']}, checker passed"
                      + (f", {shown}" if shown else ""))
     quantization = report.get("quantization")

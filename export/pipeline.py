@@ -126,6 +126,7 @@ def _report_header(reference: str, exporter: str, opset: int, eval_set: EvalSet)
         "parity": {"tolerances_max_abs_diff": TOLERANCES, "batches": list(PARITY_BATCHES),
                    "random_input": "standard normal pixel_values, seed 0",
                    "real_input": f"first {max(PARITY_BATCHES)} images of {eval_set.description}",
-                   "provider": "CPUExecutionProvider"},
+                   "provider": "as OnnxClassifier's 'auto' picks here, exact (CUDA with use_tf32=0); "
+                               "each parity row names it"},
         "graphs": {},
     }

@@ -20,7 +20,7 @@ from conftest import tiny_config
 from export import OnnxClassifier, ProviderFallbackError, VerificationError, export_onnx
 from export.__main__ import main as cli_main
 from export.layout import ExportLayout
-from export.runtime import CPU, CUDA
+from export.runtime import CPU, CUDA, CUDA_OPTIONS
 from export.verify import check_file
 from vit_hub.config import ViTConfig
 from vit_hub.model import VisionTransformer
@@ -114,11 +114,12 @@ def test_logits_graph_carries_no_attention_output(exported, classifier):
     assert classifier.has_attentions  # from model_attentions.onnx beside it
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls"])  # cls: the last block sees the class token alone
-def test_non_square_small_data_model_exports_with_parity(tmp_path, pooling):
-    """Shifted patches, locality attention (masked), sin-cos positions, 16x24."""
+@pytest.mark.parametrize("pooling, patch_embedding", [("mean", "shifted"), ("cls", "shifted"), ("cls", "convstem")])
+def test_non_square_small_data_model_exports_with_parity(tmp_path, pooling, patch_embedding):
+    """Shifted patches or a conv stem, locality attention (masked), sin-cos positions, 16x24.
+    cls pooling: the last block sees the class token alone."""
     model = randomized(VisionTransformer(**tiny_config(
-        image_size=[16, 24], patch_embedding="shifted", locality_attention=True, pos_embedding="sincos",
+        image_size=[16, 24], patch_embedding=patch_embedding, locality_attention=True, pos_embedding="sincos",
         pooling=pooling)))
     path = export_onnx(model, tmp_path / "small.onnx", attentions=True)
     classifier = OnnxClassifier(path, providers="cpu")
@@ -197,7 +198,9 @@ def test_runtime_works_where_torch_cannot_be_imported(exported, tmp_path):
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "torch-free: ['CPUExecutionProvider']" in result.stdout
+    # "auto" runs on CUDA wherever asking for CUDA by name works (a GPU machine), else on the CPU.
+    expected = [CUDA, CPU] if _cuda_works(exported) else [CPU]
+    assert f"torch-free: {expected}" in result.stdout
 
 
 def _cuda_works(exported) -> bool:
@@ -233,6 +236,42 @@ def test_auto_and_cpu_providers_run_without_warnings(exported):
         auto = OnnxClassifier(exported)  # "auto"
         cpu = OnnxClassifier(exported, providers=[CPU], strict=True)
     assert auto.providers[0] in (CUDA, CPU) and cpu.providers == [CPU]
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """onnxruntime as on a GPU machine: CUDA available and able to start. Sessions are still
+    created on the CPU; returns the provider lists handed to onnxruntime, in order."""
+    from export import runtime
+
+    handed, real_session = [], runtime._session
+
+    def recording(path, options, providers):
+        handed.append(providers)
+        return real_session(path, options, [CPU])
+
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [CUDA, CPU])
+    monkeypatch.setattr(runtime, "_cuda_can_start", lambda: True)
+    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda: None)
+    monkeypatch.setattr(runtime, "_session", recording)
+    return handed
+
+
+def test_exact_turns_tf32_off_in_the_cuda_provider(exported, gpu_like):
+    """TF32 puts ORT CUDA's logits ~1e-3 from torch fp32; exact=True asks CUDA for full fp32."""
+    OnnxClassifier(exported, exact=True)
+    OnnxClassifier(exported)
+    (exact_name, exact_options), *exact_rest = gpu_like[0]
+    (default_name, default_options), *_ = gpu_like[1]
+    assert exact_name == default_name == CUDA and exact_rest == [CPU]
+    assert exact_options["use_tf32"] == "0" and "use_tf32" not in default_options
+
+
+def test_export_verifies_exactly_on_the_provider_auto_picks(tiny, tmp_path, gpu_like):
+    export_onnx(tiny[1], tmp_path)
+    assert gpu_like and all(providers[0] == (CUDA, {**CUDA_OPTIONS, "use_tf32": "0"}) for providers in gpu_like)
+    report = json.loads((tmp_path / "model_export_report.json").read_text())
+    assert {row["provider"] for row in report["graphs"]["model.onnx"]["parity"]} == {CPU}  # what ran here
 
 
 def test_io_binding_gives_the_same_outputs(exported, classifier, tiny):
