@@ -74,7 +74,8 @@ def test_mnist_preset_is_the_documented_architecture():
     dict(),
     dict(pos_embedding="sincos", pooling="mean"),
     dict(patch_embedding="shifted", locality_attention=True),
-], ids=["learned-cls", "sincos-mean", "shifted-locality"])
+    dict(patch_embedding="convstem", locality_attention=True),
+], ids=["learned-cls", "sincos-mean", "shifted-locality", "convstem-locality"])
 def test_non_square_images_and_patches(options):
     # 24x40 image, 4x8 patches: a 6x5 grid, 30 patches, 31 tokens.
     model = VisionTransformer(**tiny_config(image_size=[24, 40], patch_size=(4, 8), **options)).eval()
@@ -103,12 +104,13 @@ PARITY_OPTIONS = [
     dict(locality_attention=True),
     dict(patch_embedding="shifted"),
     dict(patch_embedding="shifted", locality_attention=True, pooling="mean", pos_embedding="sincos"),
+    dict(patch_embedding="convstem", locality_attention=True),
     dict(dropout=0.3, attention_dropout=0.3, drop_path=0.3),  # all inactive in eval mode
 ]
 
 
-@pytest.mark.parametrize("options", PARITY_OPTIONS,
-                         ids=["plain", "locality", "shifted", "shifted-locality-mean-sincos", "dropouts"])
+@pytest.mark.parametrize("options", PARITY_OPTIONS, ids=[
+    "plain", "locality", "shifted", "shifted-locality-mean-sincos", "convstem-locality", "dropouts"])
 def test_fused_and_explicit_attention_give_the_same_logits(options):
     model = randomized(VisionTransformer(**tiny_config(**options)))
     pixels = images(4, 3, 16, 16)
@@ -224,6 +226,14 @@ def test_attention_weights_get_gradients_on_the_explicit_path():
 
 
 # Patch embedding, positions, stochastic depth -------------------------------------------------
+def test_conv_stem_halves_the_image_down_to_the_patch_grid():
+    model = VisionTransformer(**tiny_config(image_size=[16, 32], patch_size=[4, 8], patch_embedding="convstem"))
+    strides = [layer.stride for layer in model.patch_embedding.convolutions if isinstance(layer, torch.nn.Conv2d)]
+    assert strides == [(2, 2), (2, 2), (1, 2)]  # 4 = 2 x 2 rows, 8 = 2 x 2 x 2 columns
+    tokens = model.patch_embedding(images(2, 3, 16, 32))
+    assert tokens.shape == (2, 4 * 4, 16)
+
+
 def test_shifted_patches_move_half_a_patch_towards_each_corner():
     embedding = PatchEmbedding(in_channels=1, embed_dim=8, patch_size=[4, 8], shifted=True)
     image = torch.zeros(1, 1, 8, 16)
@@ -295,7 +305,8 @@ def test_training_mode_is_random_only_where_asked():
 @pytest.mark.parametrize("options", [
     dict(),
     dict(pos_embedding="sincos", pooling="mean", patch_embedding="shifted", locality_attention=True),
-], ids=["plain", "sincos-shifted-locality"])
+    dict(patch_embedding="convstem"),
+], ids=["plain", "sincos-shifted-locality", "convstem"])
 def test_save_then_load_gives_identical_logits(tmp_path, options):
     model = randomized(VisionTransformer(**tiny_config(image_size=[16, 24], **options)))
     model.save_pretrained(tmp_path)
@@ -405,7 +416,10 @@ def test_wrong_input_says_what_was_expected_and_found(pixels, error, message):
     (dict(embed_dim=16.0), "embed_dim: expected a positive int, got 16.0"),
     (dict(pos_embedding="rotary"), "pos_embedding: expected one of learned, sincos, got 'rotary'"),
     (dict(pooling="max"), "pooling: expected one of cls, mean, got 'max'"),
-    (dict(patch_embedding="overlap"), "patch_embedding: expected one of conv, shifted"),
+    (dict(patch_embedding="overlap"), "patch_embedding: expected one of conv, shifted, convstem"),
+    (dict(patch_embedding="convstem", patch_size=[4, 6], image_size=[16, 24]),
+     r"patch_embedding convstem: expected patch sides that are powers of two .*, got patch_size \[4, 6\]"),
+    (dict(pixel_norm="per-channel"), "pixel_norm: expected one of dataset, image, got 'per-channel'"),
     (dict(num_classes=3), "num_classes 3 does not match the 2 labels given"),
     (dict(labels=None, num_classes=0), "num_classes: expected a positive int, got 0"),
     (dict(mean=[0.1, 0.2]), r"mean: expected 3 values \(one per channel\), got 2"),

@@ -49,12 +49,25 @@ def _architecture_table(config: ViTConfig, parameters: int | None) -> str:
         ("positions / pooling", f"{config.pos_embedding} / {config.pooling}"),
         ("patch embedding", config.patch_embedding + (" + locality attention" if config.locality_attention else "")),
         ("regularisation", f"dropout {config.dropout:g}, drop path {config.drop_path:g}"),
-        ("normalisation", f"mean {config.mean}, std {config.std}"),
+        ("normalisation", _normalisation(config)),
         ("classes", f"{config.num_classes}: {', '.join(config.labels[:12])}{' ...' if config.num_classes > 12 else ''}"),
     ]
     if parameters:
         rows.insert(0, ("parameters", f"{parameters / 1e6:.2f} M"))
     return "| | |\n|---|---|\n" + "\n".join(f"| {name} | {value} |" for name, value in rows)
+
+
+def _canonicalisation(config: ViTConfig) -> str:
+    if config.canonicalize == "digit":
+        return ("bring the digit into MNIST's frame (ink polarity read from the image, uneven light "
+                "removed, cropped, scaled to 20/28 and centred by mass: `vit_hub/canonical.py`), ")
+    return ""
+
+
+def _normalisation(config: ViTConfig) -> str:
+    if config.pixel_norm == "image":
+        return "each image's own mean and std per channel"
+    return f"mean {config.mean}, std {config.std}"
 
 
 def _metrics_section(metrics: dict[str, Any]) -> str:
@@ -123,9 +136,9 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
         *_onnx_usage(reference, repo_id, onnx),
         "Gradio app with attention-rollout overlays:", "", "```bash",
         f"python app.py --model {reference}", "```", "",
-        f"Preprocessing (in `config.json`): convert to {'L' if config.in_channels == 1 else 'RGB'}, "
-        f"resize to {image_size} (bilinear), scale to [0, 1], normalise with mean {config.mean} "
-        f"and std {config.std}.", "",
+        f"Preprocessing (in `config.json`): {_canonicalisation(config)}convert to "
+        f"{'L' if config.in_channels == 1 else 'RGB'}, "
+        f"resize to {image_size} (bilinear), scale to [0, 1], normalise with {_normalisation(config)}.", "",
     ]
     return ModelCard("\n".join(sections))
 

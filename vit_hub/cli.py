@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import PRESETS
+from .config import CANONICALIZATIONS, PATCH_EMBEDDINGS, PIXEL_NORMS, PRESETS
 from .hub_cli import add_hub_commands, run_pull, run_push
 
 # Errors a user can cause; they are printed as one line, never as a traceback.
@@ -57,10 +57,14 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drop-path", type=float, help="stochastic depth rate of the last block")
     group.add_argument("--pos-embedding", choices=("learned", "sincos"))
     group.add_argument("--pooling", choices=("cls", "mean"))
-    group.add_argument("--patch-embedding", choices=("conv", "shifted"),
-                       help="shifted = shifted patch tokenization (small data)")
+    group.add_argument("--patch-embedding", choices=PATCH_EMBEDDINGS,
+                       help="shifted = shifted patch tokenization, convstem = early convolutions (small data)")
     group.add_argument("--locality-attention", action=argparse.BooleanOptionalAction, default=None,
                        help="locality self-attention (small data)")
+    group.add_argument("--pixel-norm", choices=PIXEL_NORMS,
+                       help="normalise by the training split's mean/std (dataset) or each image's own (image)")
+    group.add_argument("--canonicalize", choices=CANONICALIZATIONS,
+                       help="bring every input into the training images' frame first (digit: like MNIST)")
     group.add_argument("--mean", type=_floats, help="per-channel mean (default: computed on the training split)")
     group.add_argument("--std", type=_floats, help="per-channel std (default: computed on the training split)")
 

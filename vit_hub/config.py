@@ -19,7 +19,8 @@ POOLINGS = ("cls", "mean")
 # "shifted" = shifted patch tokenization (Lee et al. 2021); "convstem" = early convolutions
 # (Xiao et al. 2021), for patch sides that are powers of two
 PATCH_EMBEDDINGS = ("conv", "shifted", "convstem")
-CANONICALIZATIONS = ("none", "digit")  # how inputs are brought to the training domain (canonical.py)
+CANONICALIZATIONS = ("none", "digit")
+PIXEL_NORMS = ("dataset", "image")  # normalise by the training set's mean/std, or each image's own  # how inputs are brought to the training domain (canonical.py)
 
 # Architecture presets. Any field given explicitly overrides the preset.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -113,6 +114,8 @@ class ViTConfig:
         locality_attention: learnable temperature and no self-token attention (LSA, small data).
         layer_norm_eps: epsilon of every LayerNorm.
         mean, std: per-channel normalisation applied after scaling pixels to [0, 1].
+        pixel_norm: "dataset" (mean and std above) or "image" (each image's own mean and std
+            per channel, which removes colour casts and exposure differences).
         labels: class names, index i is output i.
         canonicalize: how any input is first brought into the training images' domain:
             "none", or "digit" (light ink on black, cropped, scaled and centred like MNIST;
@@ -140,6 +143,7 @@ class ViTConfig:
     std: Any = None
     labels: list[str] | None = None
     canonicalize: str = "none"
+    pixel_norm: str = "dataset"
 
     def __post_init__(self) -> None:
         self.image_size = _pair(self.image_size, "image_size")
@@ -166,6 +170,7 @@ class ViTConfig:
             raise ValueError(f"patch_embedding convstem: expected patch sides that are powers of two "
                              f"(each convolution halves the image), got patch_size {self.patch_size}")
         self.canonicalize = _choice(self.canonicalize, "canonicalize", CANONICALIZATIONS)
+        self.pixel_norm = _choice(self.pixel_norm, "pixel_norm", PIXEL_NORMS)
         self._resolve_labels()
         self.mean = _floats(0.5 if self.mean is None else self.mean, "mean", self.in_channels)
         self.std = _floats(0.5 if self.std is None else self.std, "std", self.in_channels)

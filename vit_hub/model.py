@@ -68,6 +68,37 @@ class PatchEmbedding(nn.Module):
         ]
 
 
+class ConvStem(nn.Module):
+    """Early convolutions in place of one big patch convolution (Xiao et al., 2021, "Early
+    Convolutions Help Transformers See Better").
+
+    Each 3x3 convolution with stride 2 halves the resolution (BatchNorm, ReLU), until the
+    image is the patch grid; a 1x1 convolution then projects to D. Small overlapping
+    kernels give the model the locality a convolutional network has, which a ViT must
+    otherwise learn from data: on small datasets that is the difference between learning
+    and not. Patch sides must be powers of two: patch 8 is three halvings.
+
+        [B, C, H, W] -> [B, D/8, H/2, W/2] -> [B, D/4, H/4, W/4] -> [B, D/2, H/8, W/8] -> [B, D, H/8, W/8]
+    """
+
+    def __init__(self, in_channels: int, embed_dim: int, patch_size: list[int]):
+        super().__init__()
+        halvings = max(patch_size).bit_length() - 1
+        layers, channels = [], in_channels
+        for index in range(halvings):
+            stride = tuple(2 if side >> index > 1 else 1 for side in patch_size)  # non-square patches
+            width = max(8, embed_dim >> (halvings - index))
+            layers += [nn.Conv2d(channels, width, 3, stride=stride, padding=1, bias=False),
+                       nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            channels = width
+        self.convolutions = nn.Sequential(*layers)
+        self.to_tokens = nn.Conv2d(channels, embed_dim, kernel_size=1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        tokens = self.to_tokens(self.convolutions(images))  # [B, D, H/p, W/p]
+        return tokens.flatten(2).transpose(1, 2)  # [B, N, D]
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused query/key/value projection.
 
@@ -206,9 +237,12 @@ class VisionTransformer(
         self._hub_mixin_config = config.to_dict()
         dim = config.embed_dim
 
-        self.patch_embedding = PatchEmbedding(
-            config.in_channels, dim, config.patch_size, shifted=config.patch_embedding == "shifted"
-        )
+        if config.patch_embedding == "convstem":
+            self.patch_embedding = ConvStem(config.in_channels, dim, config.patch_size)
+        else:
+            self.patch_embedding = PatchEmbedding(
+                config.in_channels, dim, config.patch_size, shifted=config.patch_embedding == "shifted"
+            )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         if config.pos_embedding == "learned":
             self.pos_embedding = nn.Parameter(torch.zeros(1, config.num_patches, dim))

@@ -142,11 +142,17 @@ def resize(image: Image.Image, config: ViTConfig) -> Image.Image:
 
 
 def normalize(pixels: np.ndarray, config: ViTConfig) -> np.ndarray:
-    """uint8 HxW or HxWxC -> float32 [C, H, W], scaled to [0, 1] then (x - mean) / std."""
+    """uint8 HxW or HxWxC -> float32 [C, H, W], scaled to [0, 1] then (x - mean) / std, with
+    the config's mean and std, or with the image's own per channel (`pixel_norm="image"`:
+    a colour cast, another stain or exposure changes the input far less)."""
     array = pixels.astype(np.float32) / 255.0
     array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
-    mean = np.asarray(config.mean, dtype=np.float32)[:, None, None]
-    std = np.asarray(config.std, dtype=np.float32)[:, None, None]
+    if config.pixel_norm == "image":
+        mean = array.mean(axis=(1, 2), keepdims=True)
+        std = np.maximum(array.std(axis=(1, 2), keepdims=True), 1 / 255)  # a flat channel stays finite
+    else:
+        mean = np.asarray(config.mean, dtype=np.float32)[:, None, None]
+        std = np.asarray(config.std, dtype=np.float32)[:, None, None]
     return (array - mean) / std
 
 

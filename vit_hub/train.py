@@ -49,7 +49,7 @@ SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported
 MODEL_FIELDS = (
     "image_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout",
     "attention_dropout", "drop_path", "pos_embedding", "pooling", "patch_embedding",
-    "locality_attention", "in_channels", "mean", "std",
+    "locality_attention", "in_channels", "mean", "std", "pixel_norm", "canonicalize",
 )
 
 

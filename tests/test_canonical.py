@@ -1,0 +1,158 @@
+"""Input canonicalisation (vit_hub/canonical.py) and that every path applies it alike."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from vit_hub import data as vdata
+from vit_hub.canonical import EmptyImageError, canonicalize, centre_digit
+from vit_hub.config import ViTConfig
+from vit_hub.preprocess import preprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "models" / "vit-mnist"
+SAMPLES = sorted((ROOT / "samples").glob("mnist_test_*_label_*.png"))
+
+
+def label_of(path: Path) -> str:
+    return re.search(r"_label_(\d+)\.png$", path.name).group(1)
+
+
+def digit(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("L"), dtype=np.float64)
+
+
+def correlation(first, second) -> float:
+    return float(np.corrcoef(np.asarray(first, dtype=np.float64).ravel(),
+                             np.asarray(second, dtype=np.float64).ravel())[0, 1])
+
+
+def on_paper(sample: Path, canvas=(480, 360), at=(60, 170), side=150, light=True, speck=False) -> Image.Image:
+    """The digit as dark ink on paper, off-centre; `light`: brighter on the left; `speck`: a dot of dust."""
+    ink = np.asarray(Image.open(sample).convert("L").resize((side, side), Image.Resampling.BICUBIC), dtype=np.float64)
+    width, height = canvas
+    rows, cols = np.mgrid[0:height, 0:width]
+    paper = np.full((height, width), 210.0)
+    if light:
+        paper += -60 * cols / width - 25 * rows / height
+    paper += np.random.default_rng(0).normal(0, 4, paper.shape)
+    left, top = at
+    paper[top:top + side, left:left + side] -= 0.7 * ink
+    if speck:
+        paper[10:13, width - 14:width - 11] -= 120
+    return Image.fromarray(np.clip(paper, 0, 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
+def test_an_mnist_digit_is_left_almost_as_it_is(sample):
+    assert correlation(centre_digit(Image.open(sample), (28, 28)), digit(sample)) > 0.95
+
+
+@pytest.mark.parametrize("sample", SAMPLES[:4], ids=lambda path: path.name)
+def test_ink_polarity_is_read_from_the_image(sample):
+    light_on_dark = centre_digit(Image.open(sample), (28, 28))
+    dark_on_light = centre_digit(ImageOps.invert(Image.open(sample).convert("L")), (28, 28))
+    assert correlation(light_on_dark, dark_on_light) > 0.99
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
+def test_a_photo_with_uneven_light_becomes_the_digit(sample):
+    result = centre_digit(on_paper(sample).convert("RGB"), (28, 28))
+    assert result.mode == "L" and result.size == (28, 28)
+    assert correlation(result, digit(sample)) > 0.85
+
+
+def test_a_speck_of_dust_does_not_move_the_crop():
+    clean = centre_digit(on_paper(SAMPLES[0], light=False), (28, 28))
+    dusty = centre_digit(on_paper(SAMPLES[0], light=False, speck=True), (28, 28))
+    assert correlation(clean, dusty) > 0.97
+
+
+def test_the_digit_fills_the_configured_box_and_is_centred_by_mass():
+    canvas = Image.new("L", (300, 300), 0)
+    canvas.paste(255, (20, 40, 60, 200))  # a light bar on black, top left
+    result = np.asarray(centre_digit(canvas, (32, 48)))  # height 32, width 48
+    assert result.shape == (32, 48)
+    rows, cols = np.nonzero(result > 128)
+    assert rows.max() - rows.min() + 1 == round(32 * 20 / 28)  # the tall side fills the 20/28 box
+    assert abs(rows.mean() - 16) < 1.5 and abs(cols.mean() - 24) < 1.5
+
+
+@pytest.mark.parametrize("image", [Image.new("RGB", (400, 400), "white"), Image.new("L", (50, 50), 0),
+                                   Image.new("L", (64, 64), 128)])
+def test_a_blank_image_is_refused(image):
+    with pytest.raises(EmptyImageError, match="expected an image of a digit, found"):
+        centre_digit(image, (28, 28))
+
+
+def test_the_config_names_the_canonicalisation():
+    assert ViTConfig().canonicalize == "none"
+    assert ViTConfig.from_preset("mnist").canonicalize == "digit"
+    with pytest.raises(ValueError, match="canonicalize: expected one of none, digit, got 'face'"):
+        ViTConfig(canonicalize="face")
+    image = Image.new("RGB", (30, 20), (10, 200, 30))
+    assert canonicalize(image, "none", (28, 28)) is image
+
+
+# Every path applies it ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """One photo of each bundled sample digit, as an image folder `<label>/<file>.jpg`."""
+    root = tmp_path_factory.mktemp("photos")
+    for sample in SAMPLES:
+        (root / label_of(sample)).mkdir()
+        on_paper(sample).convert("RGB").save(root / label_of(sample) / f"{sample.stem}.jpg", quality=80)
+    return root
+
+
+def photo_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.jpg"))
+
+
+def test_torch_onnx_and_training_transforms_see_the_same_pixels(photos):
+    from export import OnnxClassifier
+    from vit_hub.hub import load_model
+    from vit_hub.predict import predict_images
+
+    model = load_model(MODEL_DIR)
+    classifier = OnnxClassifier(MODEL_DIR / "model.onnx")
+    files = photo_files(photos)
+    expected = np.stack([preprocess(path, model.config) for path in files])
+    np.testing.assert_array_equal(classifier.preprocess(files), expected)
+    evaluated = vdata.EvalTransform(model.config)
+    unaugmented = vdata.TrainTransform(model.config, "none")
+    with Image.open(files[0]) as image:
+        np.testing.assert_array_equal(evaluated(image).numpy(), expected[0])
+        np.testing.assert_array_equal(unaugmented(image).numpy(), expected[0])
+    torch_top = [ranked[0][0] for ranked in predict_images(model, files, top_k=1)]
+    onnx_top = [ranked[0][0] for ranked in classifier.predict(files, top_k=1)]
+    assert torch_top == onnx_top == [path.parent.name for path in files]
+
+
+def test_eval_on_a_folder_of_photos_canonicalises_them(photos, capsys):
+    from vit_hub.cli import main
+
+    assert main(["eval", "--model", str(MODEL_DIR), "--data", str(photos), "--split", "train",
+                 "--val-split", "0"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["n"] == len(SAMPLES) and result["accuracy"] == 1.0
+
+
+def test_without_canonicalisation_the_same_photos_fail(photos):
+    """The control: the bundled model on raw photos (what the app did before) is near chance."""
+    from vit_hub.hub import load_model
+
+    model = load_model(MODEL_DIR)
+    model.config.canonicalize = "none"
+    pixels = torch.from_numpy(np.stack([preprocess(path, model.config) for path in photo_files(photos)]))
+    with torch.no_grad():
+        predicted = model(pixels).argmax(1).tolist()
+    right = sum(str(label) == path.parent.name for label, path in zip(predicted, photo_files(photos)))
+    assert right <= 3
