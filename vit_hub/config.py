@@ -19,8 +19,8 @@ POOLINGS = ("cls", "mean")
 # "shifted" = shifted patch tokenization (Lee et al. 2021); "convstem" = early convolutions
 # (Xiao et al. 2021), for patch sides that are powers of two
 PATCH_EMBEDDINGS = ("conv", "shifted", "convstem")
-CANONICALIZATIONS = ("none", "digit")
-PIXEL_NORMS = ("dataset", "image")  # normalise by the training set's mean/std, or each image's own  # how inputs are brought to the training domain (canonical.py)
+CANONICALIZATIONS = ("none", "digit")  # how inputs are brought to the training domain (canonical.py)
+PIXEL_NORMS = ("dataset", "image")  # normalise by the training set's mean/std, or each image's own
 
 # Architecture presets. Any field given explicitly overrides the preset.
 PRESETS: dict[str, dict[str, Any]] = {
