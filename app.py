@@ -18,6 +18,7 @@ import argparse
 import functools
 import math
 import re
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,9 @@ MAX_FILE_SIZE = "20mb"
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
 QUEUE_SIZE = 64
 MAX_NAME_CHARS = 80  # of a client's file name, when a message names it
+MAX_PORT = 65535
+# An absolute path in a message: /dir/.../name or C:\dir\...\name; `name` is its last part.
+ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~])/|\b[A-Za-z]:[\\/])(?:[^\s/\\'\"]+[/\\])*(?P<name>[^\s/\\'\"]*)")
 # Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck.
 CSS = "#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }"
 
@@ -105,6 +109,8 @@ class OnnxPredictor:
         self.classifier = classifier
         self.config = classifier.config
         self.description = f"ONNX Runtime ({classifier.providers[0]})"
+        # One run now: a graph that cannot load fails at start, not at a user's first request.
+        self.predict(np.zeros((1, self.config.in_channels, *self.config.image_size), dtype=np.float32))
 
     @classmethod
     def load(cls, reference: str | Path, threads: int | None = 1) -> "OnnxPredictor":
@@ -150,7 +156,7 @@ def read_upload(upload: dict | str | None) -> Image.Image:
     try:
         return load_image(open_image(path, name))
     except (OSError, ValueError) as error:
-        raise gr.Error(str(error)) from None
+        raise gr.Error(without_paths(str(error))) from None
 
 
 def uploaded_file(upload: dict | str | None) -> tuple[Path, str]:
@@ -256,7 +262,8 @@ def explain(predictor: Predictor, view: Image.Image, head_fusion: str, discard_r
 
 
 def _user_errors(handler: Callable) -> Callable:
-    """Report bad input (ValueError/TypeError from preprocessing or rollout) as gr.Error."""
+    """Report bad input (ValueError/TypeError from preprocessing or rollout) as gr.Error,
+    with any server path in the message cut to its last part."""
     @functools.wraps(handler)
     def wrapped(*args):
         try:
@@ -264,8 +271,13 @@ def _user_errors(handler: Callable) -> Callable:
         except gr.Error:
             raise
         except (ValueError, TypeError) as error:
-            raise gr.Error(str(error)) from None
+            raise gr.Error(without_paths(str(error))) from None
     return wrapped
+
+
+def without_paths(message: str) -> str:
+    """Absolute paths (POSIX or Windows) in a message -> their last part, e.g. /tmp/a/x.png -> x.png."""
+    return ABSOLUTE_PATH.sub(lambda match: match.group("name"), message)
 
 
 # The UI ---------------------------------------------------------------------------------
@@ -377,17 +389,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="onnx runs ONNX Runtime on model_attentions.onnx, exported to a temp dir "
                              "first when the model has none")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    parser.add_argument("--port", type=int, default=7860, help="default: 7860")
+    parser.add_argument("--port", type=_port, default=7860, help="default: 7860")
     return parser.parse_args(argv)
+
+
+def _port(text: str) -> int:
+    if not (text.isdigit() and 1 <= int(text) <= MAX_PORT):
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to {MAX_PORT}, got {text!r}")
+    return int(text)
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Bind once, before the model loads: Gradio reports every bind failure (port taken, no
+    such address) as "Cannot find empty port", with a traceback."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as error:
+        raise SystemExit(f"app.py: --host {host} --port {port}: expected an address and port this machine can "
+                         f"listen on, got {error.strerror or error}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_can_listen(args.host, args.port)
     try:
         predictor = load_predictor(args.model, args.backend)
     except (OSError, ValueError) as error:
         raise SystemExit(f"app.py: cannot load --model {args.model}: {error}") from None
-    serve(build_demo(predictor), args.host, args.port)
+    try:
+        serve(build_demo(predictor), args.host, args.port)
+    except OSError as error:  # taken since check_can_listen
+        raise SystemExit(f"app.py: --host {args.host} --port {args.port}: expected an address and port this "
+                         f"machine can listen on, got {error}") from None
 
 
 if __name__ == "__main__":

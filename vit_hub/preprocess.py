@@ -46,7 +46,7 @@ def open_image(path: str | Path, name: str | None = None) -> Image.Image:
         except (OSError, SyntaxError, ValueError) as error:  # truncated or corrupt data
             detail = str(error).replace(str(path), shown)
             raise ValueError(f"{shown} is not a readable image: expected complete image data, "
-                             f"decoding failed ({detail})") from None
+                             f"found data that does not decode ({detail})") from None
         return image
 
 
@@ -63,7 +63,8 @@ def _opened(path: Path, shown: str) -> Image.Image:
         raise ValueError(f"{shown} is not a readable image: expected a format Pillow reads "
                          f"(PNG, JPEG, WebP, BMP, TIFF, ...), found none it recognises") from None
     except OSError as error:
-        raise ValueError(f"{shown} cannot be read: {error.strerror or type(error).__name__}") from None
+        raise ValueError(f"{shown} is not a readable image: expected a file that can be opened, found one "
+                         f"that cannot ({error.strerror or type(error).__name__})") from None
 
 
 def check_pixels(width: int, height: int, shown: str = "the image") -> None:
