@@ -96,3 +96,14 @@ def test_a_stroke_drawn_with_the_mouse_is_a_one(page):
     page.mouse.up()
     page.get_by_role("button", name="Classify drawing").click()
     expect(page.get_by_test_id("label-output-value")).to_have_text("1", timeout=60_000)
+
+
+def test_a_bundled_sample_clicked_on_the_page_is_classified(page):
+    """Examples reach /predict from Gradio's upload folder, the only place the app reads from."""
+    from playwright.sync_api import expect
+
+    sample = page.locator("button.gallery-item", has=page.locator("img[src*='mnist_test_0001_label_2']"))
+    sample.click()
+    expect(page.locator("#upload img")).to_be_visible(timeout=30_000)
+    page.get_by_role("button", name="Classify", exact=True).click()
+    expect(page.get_by_test_id("label-output-value")).to_have_text("2", timeout=60_000)
