@@ -307,6 +307,7 @@ def train_cli(data: Path, out: Path, *extra) -> tuple[int, str]:
     (["--grad-clip", "nan"], "--grad-clip: expected a positive, finite max gradient norm, got nan"),
     (["--warmup-epochs", "inf"], "--warmup-epochs: expected a finite value >= 0, got inf"),
     (["--device", "tpu"], "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
+    (["--workers", "100000"], "--workers: expected a count from 0 to 64, got 100000"),
     (["--mean", "nan"], "mean: expected finite numbers, got [nan, nan, nan]"),
     (["--mlp-ratio", "inf"], "mlp_ratio: expected a positive ratio (hidden width >= 1), got inf"),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else None)
@@ -324,6 +325,16 @@ def test_out_naming_an_existing_file_is_refused_and_left_alone(train_folder, tmp
         code, stderr = train_cli(train_folder, existing, *extra)
         assert code == 2
         assert_one_line(stderr.strip().splitlines()[-1], f"--out {existing}: expected a folder", "found a file")
+    assert existing.read_text() == "keep me\n"
+
+
+def test_sweep_out_naming_an_existing_file_is_refused_and_left_alone(train_folder, tmp_path):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("keep me\n")
+    code, stderr = run_vit_hub("sweep", "--data", train_folder, "--out", existing, "--param", "depth=1,2",
+                               *TINY_TRAIN_FLAGS)
+    assert code == 2
+    assert_one_line(stderr, f"--out {existing}: expected a folder", "found a file")
     assert existing.read_text() == "keep me\n"
 
 

@@ -291,7 +291,7 @@ def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
     (dict(weight_decay=float("inf")), "--weight-decay: expected a finite value >= 0, got inf"),
     (dict(warmup_epochs=-1.0), "--warmup-epochs: expected a finite value >= 0"),
     (dict(device="tpu"), "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
-    (dict(num_workers=-1), "--workers: expected a count >= 0, got -1"),
+    (dict(num_workers=-1), "--workers: expected a count from 0 to 64, got -1"),
     (dict(batch_size=0), "--batch-size: expected a positive multiple of the 1 processes, got 0"),
     (dict(preset="huge"), "--preset: expected one of mnist, small-data, tiny, small, base, got 'huge'"),
     (dict(device="cuda:0"), "--device cuda: expected a CUDA GPU, found none"),

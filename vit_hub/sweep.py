@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .plots import plt
-from .train import MODEL_FIELDS, TrainSettings, check_out_is_free, train
+from .train import MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free, train
 
 TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 
@@ -43,6 +43,7 @@ def _with_value(settings: TrainSettings, name: str, value: Any, out: Path) -> Tr
 def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Path, overwrite: bool = False) -> str:
     """Run every value, write `sweep.json`, `sweep.md` and `sweep.png` in `out`; return the table.
     Refuses up front, before any run, when a run's folder already holds a model (unless `overwrite`)."""
+    check_out_is_a_folder(out)
     if not overwrite:
         for name, values in params:
             for value in values:

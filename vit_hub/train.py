@@ -44,6 +44,7 @@ from .storage import reading_safetensors, write_text_atomically
 
 CHECKPOINT = "checkpoint.safetensors"
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+MAX_WORKERS = 64  # DataLoader processes; far more only hangs the machine starting them
 DEFAULT_BATCH_SIZE = 128
 SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported as a likely shift
 MODEL_FIELDS = (
@@ -279,8 +280,8 @@ def check_settings(settings: TrainSettings) -> None:
          settings.warmup_epochs is None or 0 <= settings.warmup_epochs < math.inf, "a finite value >= 0"),
         ("--label-smoothing", settings.label_smoothing, 0 <= settings.label_smoothing < 1, "a value in [0, 1)"),
         ("--grad-clip", settings.grad_clip, 0 < settings.grad_clip < math.inf, "a positive, finite max gradient norm"),
-        ("--workers", settings.num_workers, settings.num_workers is None or settings.num_workers >= 0,
-         "a count >= 0"),
+        ("--workers", settings.num_workers, settings.num_workers is None or 0 <= settings.num_workers <= MAX_WORKERS,
+         f"a count from 0 to {MAX_WORKERS}"),
         ("--device", repr(settings.device), re.fullmatch(DEVICE_PATTERN, settings.device) is not None,
          "auto, cpu, cuda or cuda:N"),
     ]
@@ -599,6 +600,12 @@ def shift_warning(evaluation: dict[str, dict[str, Any]]) -> str | None:
             f"stain, lighting, framing), which a validation split drawn from the training images cannot show")
 
 
+def check_out_is_a_folder(out: Path) -> None:
+    """--out names a folder to create or reuse, never an existing file."""
+    if out.exists() and not out.is_dir():
+        raise TrainingError(f"--out {out}: expected a folder (new or existing), found a file")
+
+
 def check_out_is_free(out: Path) -> None:
     """A new run never writes over a trained model or a resumable run without being told to."""
     found = [name for name in (CHECKPOINT, "model.safetensors") if (out / name).exists()]
@@ -614,8 +621,7 @@ def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int 
     """Run training (or continue it with `resume`); returns the metrics written.
     `stop_after_epochs` pauses the run early with a resumable checkpoint (time-boxed jobs);
     a new run refuses an --out that holds a model or a run unless `overwrite`."""
-    if Path(settings.out).exists() and not Path(settings.out).is_dir():
-        raise TrainingError(f"--out {settings.out}: expected a folder (new or existing), found a file")
+    check_out_is_a_folder(Path(settings.out))
     if not resume and not overwrite:
         check_out_is_free(Path(settings.out))
     trainer = Trainer(settings, resume=resume)
