@@ -238,6 +238,20 @@ def test_damaged_weights_are_one_line_in_every_entry_point(model_dir, files, tmp
     assert not (broken / "UNPICKLED").exists()  # the pickle's payload never ran
 
 
+@pytest.mark.parametrize("how", ["pickle", "empty"])
+def test_damaged_weights_are_never_pushed(model_dir, tmp_path, monkeypatch, how):
+    from vit_hub.hub import push_to_hub
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: a request would fail otherwise
+    broken = damaged_copy(model_dir, tmp_path / "broken", how)
+    code, stderr = run_vit_hub("push", "--model", broken, "--repo-id", "someone/model", "--token", "hf_test")
+    assert code == 2
+    assert_one_line(stderr, WEIGHT_CASES[how])
+    with pytest.raises(ValueError) as error:
+        push_to_hub(broken, "someone/model", token="hf_test")
+    assert_one_line(str(error.value), WEIGHT_CASES[how])
+
+
 def test_a_pickle_named_model_safetensors_is_refused_in_a_real_process(model_dir, tmp_path):
     broken = damaged_copy(model_dir, tmp_path / "broken", "pickle")
     result = run_module("export", "--model", broken, "--out", tmp_path / "onnx")

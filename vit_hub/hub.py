@@ -40,6 +40,7 @@ from huggingface_hub.utils import validate_repo_id
 from .card import is_generated_card, render_card_text
 from .config import ViTConfig
 from .model import VisionTransformer
+from .storage import check_safetensors
 
 # What a model dir holds and a push uploads. Checkpoints and other files stay local.
 MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png")
@@ -122,6 +123,7 @@ def check_model_dir(model_dir: Path, flag: str = "--model") -> None:
     check_config(model_dir / "config.json", str(model_dir))
     if not (model_dir / "model.safetensors").is_file():
         raise FileNotFoundError(f"{flag}: expected model.safetensors in {model_dir}, found none")
+    check_safetensors(model_dir / "model.safetensors")  # a pickle or a cut file is never pushed or loaded
 
 
 def check_config(path: Path, source: str) -> None:
