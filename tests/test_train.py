@@ -138,7 +138,7 @@ def test_test_far_below_validation_is_reported(val, test, n, warned):
 
 
 @pytest.mark.parametrize("preset, batch, lr, expected", [
-    (None, 128, None, 1e-3), (None, 256, None, 2e-3), ("mnist", 128, None, 2e-3), ("mnist", 64, None, 1e-3),
+    (None, 128, None, 1e-3), (None, 512, None, 2e-3), ("mnist", 128, None, 2e-3), ("mnist", 32, None, 1e-3),
     ("mnist", 128, 5e-4, 5e-4), ("tiny", 128, None, 1e-3),
 ])
 def test_learning_rate_follows_flag_then_preset_then_default_scaled_to_the_batch(preset, batch, lr, expected):
@@ -209,6 +209,16 @@ def straight_run(split_image_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("straight") / "model"
     metrics, _, _ = quietly(train, tiny_settings(split_image_folder, out, **RANDOM_RUN))
     return dict(out=out, metrics=metrics)
+
+
+def test_ties_in_validation_accuracy_go_to_the_lower_validation_loss(image_folder, tmp_path, monkeypatch):
+    """A small validation split hits 100 % early; the model kept is the best one after that."""
+    scripted = iter([(0.5, 0.7), (1.0, 0.5), (1.0, 0.2), (1.0, 0.3)])
+    monkeypatch.setattr(Trainer, "_validate", lambda self: dict(zip(("val_accuracy", "val_loss"), next(scripted))))
+    metrics, stdout, _ = quietly(train, tiny_settings(image_folder, tmp_path / "run", epochs=4))
+    kept = [json.loads(line.removesuffix("  (best)"))["epoch"] for line in stdout.splitlines()
+            if line.endswith("  (best)")]
+    assert kept == [1, 2, 3] and metrics["best_val_accuracy"] == 1.0
 
 
 def test_validation_and_test_are_reported_side_by_side(straight_run):

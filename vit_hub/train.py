@@ -65,7 +65,7 @@ class TrainSettings:
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # overrides of MODEL_FIELDS
     epochs: int | None = None  # None: chosen from the dataset size
     batch_size: int | None = None  # global, across all processes; None: chosen from the data size
-    lr: float | None = None  # None: 1e-3 (mnist preset: 2e-3) x batch_size / 128
+    lr: float | None = None  # None: 1e-3 (mnist preset: 2e-3) x sqrt(batch_size / 128)
     weight_decay: float = 0.05
     warmup_epochs: float | None = None  # None: 5 % of the run
     label_smoothing: float = 0.1
@@ -146,11 +146,21 @@ def build_config(settings: TrainSettings, splits: vdata.DataSplits) -> ViTConfig
         values = suggest_for_data(stats.num_train, stats.channels, stats.median_side)
     values.update({key: value for key, value in settings.model.items() if value is not None})
     values["labels"] = splits.labels
+    if values.get("patch_embedding") == "convstem" and not _powers_of_two(values.get("patch_size", 16)):
+        if settings.model.get("patch_embedding") == "convstem":
+            raise TrainingError(f"--patch-embedding convstem: expected patch sides that are powers of two, "
+                                f"got --patch-size {values['patch_size']}")
+        values["patch_embedding"] = "shifted"  # the default stem cannot halve down to this patch size
     if values.get("mean") is None or values.get("std") is None:  # measure what was not given
         probe = ViTConfig.from_dict({**values, "mean": None, "std": None})
         measured = dict(zip(("mean", "std"), vdata.compute_mean_std(splits.train, probe, settings.seed)))
         values.update({key: value for key, value in measured.items() if values.get(key) is None})
     return ViTConfig.from_dict(values)
+
+
+def _powers_of_two(size: Any) -> bool:
+    sides = size if isinstance(size, (list, tuple)) else [size]
+    return all(isinstance(side, int) and side > 0 and side & (side - 1) == 0 for side in sides)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -173,11 +183,14 @@ def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float) -
 
 
 def peak_learning_rate(settings: TrainSettings, batch_size: int) -> float:
-    """--lr, else the preset's (or the default) rate per 128 images, scaled to the batch."""
+    """--lr, else the preset's (or the default) rate for a batch of 128, scaled by the square
+    root of the batch's ratio to 128 (AdamW's gradient noise falls with the square root of
+    the batch; the linear rule leaves the small batches of small datasets barely moving:
+    circles vs squares, batch 16, test 0.875 at 1.25e-4 and 1.0 at 5e-4)."""
     if settings.lr is not None:
         return settings.lr
     per_128 = PRESET_LEARNING_RATES.get(settings.preset or "", DEFAULT_LEARNING_RATE)
-    return per_128 * batch_size / 128
+    return per_128 * math.sqrt(batch_size / 128)
 
 
 def default_epochs(num_train: int) -> int:
@@ -314,13 +327,14 @@ class Trainer:
             fused=True,  # one kernel for all parameters, on CPU as on CUDA (mnist step: 5.4 -> 1.5 ms)
         )
         self.history: list[dict[str, Any]] = []
-        self.best_accuracy = -1.0
+        self.best_accuracy, self.best_loss = -1.0, math.inf
         self.start_epoch = 0
         if resume:
             state = load_checkpoint(self.out / CHECKPOINT, self.model, self.optimizer)
             self.history, self.best_accuracy, self.start_epoch = (
                 state["history"], state["best_accuracy"], state["epoch"]
             )
+            self.best_loss = state.get("best_loss", math.inf)
         self._build_loaders()
         self.network = self._wrap(self.model)
         self.amp_dtype = self._amp_dtype()
@@ -510,9 +524,12 @@ class Trainer:
     def _end_epoch(self, epoch: int, record: dict[str, Any]) -> None:
         self.history.append(record)
         accuracy = record.get("val_accuracy", record["train_accuracy"])
-        improved = accuracy > self.best_accuracy
+        loss = record.get("val_loss", record["train_loss"])
+        # Ties go to the lower loss: a small validation split reaches 100 % long before the
+        # model is done (circles vs squares: epoch 60 of 200 was kept, 0.85 test).
+        improved = (accuracy, -loss) > (self.best_accuracy, -self.best_loss)
         if improved:
-            self.best_accuracy = accuracy
+            self.best_accuracy, self.best_loss = accuracy, loss
         if self.runtime.is_main:
             if improved:
                 self.model.save_pretrained(self.out)  # config.json + model.safetensors of the best epoch
@@ -524,6 +541,7 @@ class Trainer:
     def _checkpoint(self, epochs_done: int) -> None:
         state = {
             "epoch": epochs_done, "history": self.history, "best_accuracy": self.best_accuracy,
+            "best_loss": self.best_loss,
             "settings": dataclasses.asdict(self.settings), "config": self.config.to_dict(),
         }
         save_checkpoint(self.out / CHECKPOINT, self.model, self.optimizer, state)
