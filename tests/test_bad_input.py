@@ -625,3 +625,12 @@ def test_a_bundled_example_as_the_page_loads_it_is_classified(server):
 def test_app_messages_keep_no_server_path(message, shown):
     """The app's last line of defence: whatever error reaches a user names files, not paths."""
     assert app.without_paths(message) == shown
+
+
+@pytest.mark.parametrize("composite", [str(SERVER_FILE), {"path": str(SERVER_FILE)}], ids=["string", "file data"])
+def test_the_drawing_handler_opens_no_path_itself(composite):
+    """Gradio turns the sketchpad's files into PIL images; anything else is refused, not opened."""
+    with pytest.raises(app.gr.Error) as error:
+        app.read_drawing({"composite": composite}, (28, 28))
+    assert_one_line(error.value.message, "expected the drawing as an image, got")
+    assert str(SERVER_FILE) not in error.value.message
