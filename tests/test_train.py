@@ -339,7 +339,16 @@ def test_without_preset_the_architecture_is_chosen_from_the_data(split_image_fol
     config = build_config(tiny_settings(split_image_folder, tmp_path, model={}), splits)
     # 30 small RGB images (median side ~35 px): 32x32 inputs and the small-data tricks
     assert (config.image_size, config.patch_size, config.in_channels) == ([32, 32], [4, 4], 3)
-    assert config.patch_embedding == "shifted" and config.locality_attention and config.drop_path > 0
+    assert config.patch_embedding == "convstem" and config.locality_attention and config.drop_path > 0
+
+
+def test_a_patch_size_the_conv_stem_cannot_reach_falls_back_to_shifted_patches(split_image_folder, tmp_path):
+    splits = vdata.load_splits(str(split_image_folder))
+    chosen = build_config(tiny_settings(split_image_folder, tmp_path, model=dict(image_size=36, patch_size=6)), splits)
+    assert chosen.patch_embedding == "shifted"
+    asked = tiny_settings(split_image_folder, tmp_path, model=dict(image_size=36, patch_size=6, patch_embedding="convstem"))
+    with pytest.raises(TrainingError, match="--patch-embedding convstem: expected patch sides that are powers of two"):
+        build_config(asked, splits)
 
 
 def test_mnist_preset_keeps_its_published_normalisation():
