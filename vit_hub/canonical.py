@@ -69,10 +69,10 @@ def ink_map(gray: np.ndarray) -> np.ndarray:
     modelled as a smooth quadratic surface fitted to the background pixels, so a gradient
     of light across a photo is not mistaken for ink.
     """
-    low, high = np.percentile(gray, [1, 99])
+    low, median, high = np.percentile(gray, [1, 50, 99])
     if high - low < MIN_CONTRAST:
         raise EmptyImageError("expected an image of a digit, found a blank image (no ink)")
-    dark_ink = np.median(gray) > (low + high) / 2
+    dark_ink = median > (low + high) / 2
     signal = 255.0 - gray if dark_ink else gray  # ink is now the bright minority
     ink = np.clip(signal - _background(signal), 0.0, None)
     strongest = np.percentile(ink, 99.9)
@@ -87,12 +87,14 @@ def _background(signal: np.ndarray) -> np.ndarray:
     """A quadratic surface a + bx + cy + dx^2 + exy + fy^2 fitted to the background pixels
     (those below the median, where the ink, the bright minority, is not), refitted once
     without the pixels far above the first fit."""
+    values = signal.ravel()
+    chosen = values <= np.median(values)
+    if np.ptp(values[chosen]) == 0:  # a flat background (a scan, MNIST): nothing to fit
+        return np.full(signal.shape, values[chosen][0])
     height, width = signal.shape
     rows, cols = np.mgrid[0:height, 0:width]
     y, x = rows.ravel() / max(1, height - 1) - 0.5, cols.ravel() / max(1, width - 1) - 0.5
     basis = np.stack([np.ones_like(x), x, y, x * x, x * y, y * y], axis=1)  # [h*w, 6]
-    values = signal.ravel()
-    chosen = values <= np.median(values)
     for _ in range(2):
         coefficients, *_ = np.linalg.lstsq(basis[chosen], values[chosen], rcond=None)
         fitted = basis @ coefficients
