@@ -119,3 +119,22 @@ TINY_TRAIN_FLAGS = [
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def digit_on_paper(sample: Path, canvas=(480, 360), at=(60, 170), side=150, light=True,
+                   speck=False) -> Image.Image:
+    """An MNIST digit as a phone photo of paper: dark ink, off-centre, `light` falling off to
+    the right and down, paper grain, and with `speck` a dot of dust in a corner."""
+    ink = np.asarray(Image.open(sample).convert("L").resize((side, side), Image.Resampling.BICUBIC),
+                     dtype=np.float64)
+    width, height = canvas
+    rows, cols = np.mgrid[0:height, 0:width]
+    paper = np.full((height, width), 210.0)
+    if light:
+        paper += -60 * cols / width - 25 * rows / height
+    paper += np.random.default_rng(0).normal(0, 4, paper.shape)
+    left, top = at
+    paper[top:top + side, left:left + side] -= 0.7 * ink  # ink absorbs light
+    if speck:
+        paper[10:13, width - 14:width - 11] -= 120
+    return Image.fromarray(np.clip(paper, 0, 255).astype(np.uint8)).convert("RGB")

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import digit_on_paper
 from PIL import Image, ImageOps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,15 +161,8 @@ def test_a_canonicalising_model_explains_its_canonical_input(client, tmp_path, s
 
 
 def photo_of_digit(sample: Path, tmp_path: Path) -> Path:
-    """An MNIST digit as a phone photo of paper: dark ink, off-centre, light falling off to
-    one side, paper grain, JPEG."""
-    rng = np.random.default_rng(int(label_of(sample)))
-    ink = np.asarray(Image.open(sample).convert("L").resize((150, 150), Image.Resampling.BICUBIC), dtype=np.float64)
-    rows, cols = np.mgrid[0:360, 0:480]
-    paper = 215 - 60 * cols / 480 - 25 * rows / 360 + rng.normal(0, 4, (360, 480))  # light from the left
-    paper[170:320, 60:210] -= 0.7 * ink  # ink absorbs light
     path = tmp_path / f"photo_{sample.stem}.jpg"
-    Image.fromarray(np.clip(paper, 0, 255).astype(np.uint8)).convert("RGB").save(path, quality=75)
+    digit_on_paper(sample).save(path, quality=75)
     return path
 
 

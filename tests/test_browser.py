@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import digit_on_paper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # app.py lives at the top level, outside the package
@@ -68,12 +69,15 @@ def page(url):
 def test_upload_classify_and_screenshot(page, tmp_path):
     from playwright.sync_api import expect
 
-    page.locator("#upload input[type=file]").set_input_files(str(SAMPLE))
+    photo = tmp_path / "photo_of_a_7.jpg"  # what a person uploads: a phone photo of paper
+    digit_on_paper(SAMPLE).save(photo, quality=80)
+    page.locator("#upload input[type=file]").set_input_files(str(photo))
     expect(page.locator("#upload img")).to_be_visible(timeout=30_000)
     page.get_by_role("button", name="Classify", exact=True).click()
     expect(page.get_by_test_id("label-output-value")).to_have_text("7", timeout=60_000)
     expect(page.locator("#rollout img")).to_be_visible(timeout=30_000)
     expect(page.locator("#layer-strip img")).to_be_visible(timeout=30_000)
+    expect(page.locator("#model-input img")).to_be_visible(timeout=30_000)
     screenshot = README_SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") == "1" else tmp_path / "app.png"
     page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 10_000

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import digit_on_paper
 from PIL import Image, ImageOps
 
 from vit_hub import data as vdata
@@ -34,22 +35,6 @@ def correlation(first, second) -> float:
                              np.asarray(second, dtype=np.float64).ravel())[0, 1])
 
 
-def on_paper(sample: Path, canvas=(480, 360), at=(60, 170), side=150, light=True, speck=False) -> Image.Image:
-    """The digit as dark ink on paper, off-centre; `light`: brighter on the left; `speck`: a dot of dust."""
-    ink = np.asarray(Image.open(sample).convert("L").resize((side, side), Image.Resampling.BICUBIC), dtype=np.float64)
-    width, height = canvas
-    rows, cols = np.mgrid[0:height, 0:width]
-    paper = np.full((height, width), 210.0)
-    if light:
-        paper += -60 * cols / width - 25 * rows / height
-    paper += np.random.default_rng(0).normal(0, 4, paper.shape)
-    left, top = at
-    paper[top:top + side, left:left + side] -= 0.7 * ink
-    if speck:
-        paper[10:13, width - 14:width - 11] -= 120
-    return Image.fromarray(np.clip(paper, 0, 255).astype(np.uint8))
-
-
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
 def test_an_mnist_digit_is_left_almost_as_it_is(sample):
     assert correlation(centre_digit(Image.open(sample), (28, 28)), digit(sample)) > 0.95
@@ -64,14 +49,14 @@ def test_ink_polarity_is_read_from_the_image(sample):
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
 def test_a_photo_with_uneven_light_becomes_the_digit(sample):
-    result = centre_digit(on_paper(sample).convert("RGB"), (28, 28))
+    result = centre_digit(digit_on_paper(sample), (28, 28))
     assert result.mode == "L" and result.size == (28, 28)
     assert correlation(result, digit(sample)) > 0.85
 
 
 def test_a_speck_of_dust_does_not_move_the_crop():
-    clean = centre_digit(on_paper(SAMPLES[0], light=False), (28, 28))
-    dusty = centre_digit(on_paper(SAMPLES[0], light=False, speck=True), (28, 28))
+    clean = centre_digit(digit_on_paper(SAMPLES[0], light=False), (28, 28))
+    dusty = centre_digit(digit_on_paper(SAMPLES[0], light=False, speck=True), (28, 28))
     assert correlation(clean, dusty) > 0.97
 
 
@@ -108,7 +93,7 @@ def photos(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("photos")
     for sample in SAMPLES:
         (root / label_of(sample)).mkdir()
-        on_paper(sample).convert("RGB").save(root / label_of(sample) / f"{sample.stem}.jpg", quality=80)
+        digit_on_paper(sample).save(root / label_of(sample) / f"{sample.stem}.jpg", quality=80)
     return root
 
 
