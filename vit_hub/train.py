@@ -199,9 +199,11 @@ def default_epochs(num_train: int) -> int:
 
 
 def default_batch_size(num_train: int) -> int:
-    """128, or on small data the power of two giving about 10 steps an epoch (at least 16):
-    a batch as large as the dataset makes one optimizer step an epoch, too few to learn."""
-    return int(min(DEFAULT_BATCH_SIZE, max(16, 2 ** math.floor(math.log2(max(1, num_train // 10))))))
+    """128, or on small data the largest power of two giving at least 2 steps an epoch (at
+    least 16). Not smaller: with augmentation, small batches keep a ViT at chance far longer
+    (circles vs squares, 108 images, training accuracy after 60 epochs: batch 16 0.49,
+    batch 32 0.92, batch 64 0.98; test 0.95 / 0.975 / 1.0 after 200)."""
+    return int(min(DEFAULT_BATCH_SIZE, max(16, 2 ** math.floor(math.log2(max(1, num_train // 2))))))
 
 
 # Evaluation ------------------------------------------------------------------------------
