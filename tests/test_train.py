@@ -138,8 +138,8 @@ def test_test_far_below_validation_is_reported(val, test, n, warned):
 
 
 @pytest.mark.parametrize("preset, batch, lr, expected", [
-    (None, 128, None, 1e-3), (None, 512, None, 2e-3), ("mnist", 128, None, 2e-3), ("mnist", 32, None, 2e-3),
-    (None, 16, None, 1e-3),
+    (None, 128, None, 1e-3), (None, 512, None, 2e-3), ("mnist", 128, None, 2e-3), ("mnist", 32, None, 1e-3),
+    (None, 32, None, 5e-4),
     ("mnist", 128, 5e-4, 5e-4), ("tiny", 128, None, 1e-3),
 ])
 def test_learning_rate_follows_flag_then_preset_then_default_scaled_to_the_batch(preset, batch, lr, expected):

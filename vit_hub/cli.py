@@ -76,7 +76,7 @@ def _add_training_flags(parser: argparse.ArgumentParser, data_required: bool = T
     parser.add_argument("--epochs", type=int, help="default: about 200k samples seen, 10 to 200 epochs")
     parser.add_argument("--batch-size", type=int,
                         help="global batch size (all processes); default 128, smaller on small data (about 10 steps an epoch)")
-    parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3, mnist preset 2e-3, x sqrt(batch/128) for batches over 128)")
+    parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3, mnist preset 2e-3, x sqrt(batch/128))")
     parser.add_argument("--weight-decay", type=float, default=0.05)
     parser.add_argument("--warmup-epochs", type=float, help="default: 5%% of the epochs")
     parser.add_argument("--label-smoothing", type=float, default=0.1)

@@ -38,9 +38,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Small-data preset for photo folders of a few hundred to a few thousand images:
     # small patches, a narrow and shallow model, a convolutional stem, locality attention and
     # the mean of the patch tokens (not a class token) for the head. Circles vs squares, 108
-    # training images: shifted patches 0.825 test, conv stem 0.875-1.0 (32 px); at 64 px and
-    # lr 1e-3, after 40 epochs, training accuracy 0.48 with the class token and 0.96 with the
-    # mean of patches (BENCHMARKS.md).
+    # training images: shifted patches 0.825 test, conv stem 0.875-1.0 (32 px); at 64 px,
+    # batch 16, lr 1e-3, after 40 epochs, training accuracy 0.48 with the class token and 0.96
+    # with the mean of patches (BENCHMARKS.md).
     "small-data": dict(
         image_size=64, patch_size=8, in_channels=3, embed_dim=128, depth=6, num_heads=4,
         mlp_ratio=2.0, dropout=0.1, drop_path=0.1, patch_embedding="convstem",
