@@ -33,7 +33,7 @@ from vit_hub.cli import OneLineErrorParser
 from vit_hub.config import ViTConfig
 from vit_hub.postprocess import softmax, top_k
 from vit_hub.canonical import EmptyImageError, centre_digit
-from vit_hub.preprocess import load_image, model_pixels, open_image, resize, to_model_domain
+from vit_hub.preprocess import load_image, model_pixels, open_image, resize, to_model_domain, to_model_mode
 from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
 
 ROOT = Path(__file__).resolve().parent
@@ -200,7 +200,7 @@ def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
     if not isinstance(composite, Image.Image):
         raise gr.Error(f"expected the drawing as an image, got {type(composite).__name__}")
     try:
-        return centre_digit(load_image(composite), size)
+        return centre_digit(to_model_mode(load_image(composite), 1), size)
     except EmptyImageError:
         raise gr.Error("The drawing is empty: draw a digit first.") from None
 

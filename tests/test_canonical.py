@@ -13,9 +13,9 @@ from conftest import digit_on_paper
 from PIL import Image, ImageOps
 
 from vit_hub import data as vdata
-from vit_hub.canonical import EmptyImageError, canonicalize, centre_digit
+from vit_hub.canonical import EmptyImageError, centre_digit
 from vit_hub.config import ViTConfig
-from vit_hub.preprocess import preprocess
+from vit_hub.preprocess import preprocess, to_model_domain, to_model_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
@@ -49,14 +49,14 @@ def test_ink_polarity_is_read_from_the_image(sample):
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
 def test_a_photo_with_uneven_light_becomes_the_digit(sample):
-    result = centre_digit(digit_on_paper(sample), (28, 28))
+    result = centre_digit(to_model_mode(digit_on_paper(sample), 1), (28, 28))
     assert result.mode == "L" and result.size == (28, 28)
     assert correlation(result, digit(sample)) > 0.85
 
 
 def test_a_speck_of_dust_does_not_move_the_crop():
-    clean = centre_digit(digit_on_paper(SAMPLES[0], light=False), (28, 28))
-    dusty = centre_digit(digit_on_paper(SAMPLES[0], light=False, speck=True), (28, 28))
+    clean = centre_digit(to_model_mode(digit_on_paper(SAMPLES[0], light=False), 1), (28, 28))
+    dusty = centre_digit(to_model_mode(digit_on_paper(SAMPLES[0], light=False, speck=True), 1), (28, 28))
     assert correlation(clean, dusty) > 0.97
 
 
@@ -74,7 +74,7 @@ def test_the_digit_fills_the_configured_box_and_is_centred_by_mass():
                                    Image.new("L", (64, 64), 128)])
 def test_a_blank_image_is_refused(image):
     with pytest.raises(EmptyImageError, match="expected an image of a digit, found"):
-        centre_digit(image, (28, 28))
+        centre_digit(to_model_mode(image, 1), (28, 28))
 
 
 def test_the_config_names_the_canonicalisation():
@@ -83,7 +83,9 @@ def test_the_config_names_the_canonicalisation():
     with pytest.raises(ValueError, match="canonicalize: expected one of none, digit, got 'face'"):
         ViTConfig(canonicalize="face")
     image = Image.new("RGB", (30, 20), (10, 200, 30))
-    assert canonicalize(image, "none", (28, 28)) is image
+    assert to_model_domain(image, ViTConfig()) is image  # "none": as it is, already RGB
+    with pytest.raises(ValueError, match="expected a grayscale \\(L\\) image, got mode RGB"):
+        centre_digit(image, (28, 28))
 
 
 # Every path applies it ---------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 A model trained on MNIST has only ever seen light digits on black, cropped to the ink,
 scaled to 20 of 28 pixels and centred by mass. A phone photo of a digit on paper is
 none of that, so the config can record how inputs are brought into that domain
-(`ViTConfig.canonicalize`), and `preprocess` applies it on every path: training,
-evaluation, prediction, ONNX Runtime and the app. Torch-free (PIL + NumPy).
+(`ViTConfig.canonicalize`), and `preprocess.to_model_domain` applies it on every path:
+training, evaluation, prediction, ONNX Runtime and the app. Torch-free (PIL + NumPy).
 
     "none"   the image as it is
     "digit"  ink polarity read from the image, uneven lighting flattened, cropped to the
@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from .config import CANONICALIZATIONS
 
 DIGIT_BOX_SHARE = 20 / 28  # MNIST: the digit's box is 20x20 inside 28x28
 WORK_SIDE = 256  # photos are analysed at most this large (the result is a few dozen pixels)
@@ -30,30 +29,17 @@ class EmptyImageError(ValueError):
     """The image holds no ink to canonicalise (a blank page, an empty drawing)."""
 
 
-def canonicalize(image: Image.Image, mode: str, size: tuple[int, int] | list[int]) -> Image.Image:
-    """Apply the config's canonicalisation; `size` is the model's (height, width)."""
-    if mode == "none":
-        return image
-    if mode == "digit":
-        return centre_digit(image, tuple(size))
-    raise ValueError(f"canonicalize: expected one of {', '.join(CANONICALIZATIONS)}, got {mode!r}")
-
-
 def centre_digit(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """Any image of one digit -> a light-on-black grayscale digit of `size`, framed like MNIST."""
-    ink = ink_map(_gray(image))
+    """A grayscale ("L") image of one digit -> a light-on-black digit of `size` (height,
+    width), framed like MNIST. `preprocess.to_model_mode(image, 1)` gives any image that mode."""
+    if image.mode != "L":
+        raise ValueError(f"expected a grayscale (L) image, got mode {image.mode}; convert it with to_model_mode")
+    ink = ink_map(_work_copy(image))
     return _centre_by_mass(_fit_to_box(_crop_to_ink(ink), size), size)
 
 
-def _gray(image: Image.Image) -> np.ndarray:
-    """Float gray levels [h, w], transparency composited over white, at most WORK_SIDE large."""
-    if image.mode in ("RGBA", "LA", "PA", "P"):
-        rgba = image.convert("RGBA")
-        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        values = np.asarray(image, dtype=np.float64)
-        image = Image.fromarray((values * (255.0 / max(values.max(), 1.0))).astype(np.uint8))
-    gray = image.convert("L")
+def _work_copy(gray: Image.Image) -> np.ndarray:
+    """Float gray levels [h, w], at most WORK_SIDE large."""
     scale = WORK_SIDE / max(gray.size)
     if scale < 1:
         new_size = (max(1, round(gray.width * scale)), max(1, round(gray.height * scale)))

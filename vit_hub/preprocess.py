@@ -15,7 +15,7 @@ from typing import Any, Union
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .canonical import canonicalize
+from .canonical import centre_digit
 from .config import ViTConfig
 
 ImageInput = Union[str, Path, Image.Image, np.ndarray]
@@ -160,7 +160,9 @@ def normalize(pixels: np.ndarray, config: ViTConfig) -> np.ndarray:
 def to_model_domain(image: Image.Image, config: ViTConfig) -> Image.Image:
     """A decoded image -> the config's canonical form, in the model's mode (size not yet fixed).
     Training augments what this returns; every inference path resizes and normalises it."""
-    return to_model_mode(canonicalize(image, config.canonicalize, config.image_size), config.in_channels)
+    if config.canonicalize == "digit":
+        image = centre_digit(to_model_mode(image, 1), tuple(config.image_size))
+    return to_model_mode(image, config.in_channels)
 
 
 def model_pixels(image: Image.Image, config: ViTConfig) -> np.ndarray:
