@@ -33,6 +33,7 @@ from vit_hub.cli import OneLineErrorParser
 from vit_hub.config import ViTConfig
 from vit_hub.postprocess import softmax, top_k
 from vit_hub.canonical import EmptyImageError, centre_digit
+from vit_hub.insight import ModelViews, compute_views, default_data, head_grid, head_maps, load_pixels, pooled_token
 from vit_hub.preprocess import load_image, model_pixels, open_image, resize, to_model_domain, to_model_mode
 from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
 
@@ -67,6 +68,9 @@ class Predictor(Protocol):
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 [B, C, H, W] -> (probabilities [B, classes], attentions [depth, B, heads, T, T])."""
 
+    def weights(self) -> dict[str, np.ndarray] | None:
+        """The model's weights as arrays (for the "Inside the model" tab), None when it has none."""
+
 
 class TorchPredictor:
     """The PyTorch model, on the CPU.
@@ -99,16 +103,22 @@ class TorchPredictor:
             logits, attentions = self.model(torch.from_numpy(pixels), output_attentions=True)
         return softmax(logits.numpy()), attentions.numpy()
 
+    def weights(self) -> dict[str, np.ndarray]:
+        from vit_hub.insight import torch_weights
+
+        return torch_weights(self.model)
+
 
 class OnnxPredictor:
     """ONNX Runtime on the model's `model_attentions.onnx` graph (torch-free at run time)."""
 
-    def __init__(self, classifier: Any):
+    def __init__(self, classifier: Any, weights_dir: Path | None = None):
         if not classifier.has_attentions:
             raise ValueError(f"{classifier.model_path} has no attentions graph; export with --attentions")
         self.classifier = classifier
         self.config = classifier.config
         self.description = f"ONNX Runtime ({classifier.providers[0]})"
+        self.weights_dir = weights_dir  # the model dir, which may hold model.safetensors beside the graphs
         # One run now: a graph that cannot load fails at start, not at a user's first request.
         self.predict(np.zeros((1, self.config.in_channels, *self.config.image_size), dtype=np.float32))
 
@@ -120,13 +130,21 @@ class OnnxPredictor:
         from export.layout import ExportLayout
 
         folder = Path(reference) if Path(reference).is_dir() else _download(str(reference))
+        export_folder = folder
         if not ExportLayout.for_model(folder).attentions.is_file():
-            folder = _export_now(folder)
-        return cls(OnnxClassifier(folder, threads=threads))
+            export_folder = _export_now(folder)
+        return cls(OnnxClassifier(export_folder, threads=threads), weights_dir=folder)
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         logits, attentions = self.classifier.run(pixels, attentions=True)
         return softmax(logits), attentions
+
+    def weights(self) -> dict[str, np.ndarray] | None:
+        """model.safetensors read as arrays (no torch) when the model dir has it; else None."""
+        from vit_hub.insight import read_weights
+
+        folder = self.weights_dir
+        return read_weights(folder) if folder and (folder / "model.safetensors").is_file() else None
 
 
 def _download(repo_id: str) -> Path:
@@ -212,6 +230,7 @@ class Explanation:
     overlay: Image.Image  # rollout over the display image
     strip: Image.Image  # rollout after each layer, left to right
     model_input: Image.Image  # the input as the model saw it (canonicalised, resized), enlarged
+    heads: Image.Image  # each head's attention from the pooled token: a row per layer, a column per head
 
 
 def display_size(width: int, height: int) -> tuple[int, int]:
@@ -257,8 +276,9 @@ def explain(predictor: Predictor, view: Image.Image, head_fusion: str, discard_r
                           config.pooling)[:, 0]  # [depth, h, w]
     scores = dict(top_k(probabilities, config.labels, int(k))[0])
     model_view = resize(view, config)
+    heads = head_grid(model_view, head_maps(attentions, config)[:, 0])  # [depth, heads, h, w] maps
     return Explanation(scores, overlay(for_display(view), maps[-1]), layer_strip(model_view, maps),
-                       for_display(model_view))
+                       for_display(model_view), heads)
 
 
 def _user_errors(handler: Callable) -> Callable:
@@ -288,17 +308,18 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
     @_user_errors
     def predict(image: dict | None, head_fusion: str, discard_ratio: float, k: int):
         """Top-k labels, the rollout overlay (at display_size of the input, or of the canonical
-        input when the config canonicalises), the per-layer strip and the model's input."""
+        input when the config canonicalises), the per-layer strip, the model's input and the
+        per-head maps."""
         view = to_model_domain(read_upload(image), config)
         result = explain(predictor, view, head_fusion, discard_ratio, k)
-        return result.scores, result.overlay, result.strip, result.model_input
+        return result.scores, result.overlay, result.strip, result.model_input, result.heads
 
     @_user_errors
     def predict_drawing(drawing: dict | None, head_fusion: str, discard_ratio: float, k: int):
         """Like predict, for a drawing; the overlay shows the centred digit the model saw."""
         digit = read_drawing(drawing, config.image_size)
         result = explain(predictor, digit, head_fusion, discard_ratio, k)
-        return result.scores, result.overlay, result.strip, result.model_input
+        return result.scores, result.overlay, result.strip, result.model_input, result.heads
 
     with gr.Blocks(title="vit_hub: what the ViT looks at", analytics_enabled=False,
                    delete_cache=(600, 3600)) as demo:
@@ -308,39 +329,47 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
             f"{config.depth} layers; backend: {predictor.description}. The overlay is the "
             f"attention rollout (Abnar & Zuidema, 2020): how much each patch feeds the prediction."
         )
-        with gr.Row():
-            with gr.Column():
-                with gr.Tabs():
-                    with gr.Tab("Upload"):
-                        image = gr.Image(type="filepath", label="Image", sources=["upload", "clipboard"],
-                                         height=320, elem_id="upload")
-                        submit = gr.Button("Classify", variant="primary")
-                        if config.in_channels == 1:  # the bundled samples are MNIST digits
-                            _examples(image)
-                    if config.in_channels == 1:
-                        with gr.Tab("Draw"):
-                            drawing = gr.Sketchpad(
-                                type="pil", image_mode="RGB", canvas_size=(400, 400), layers=False,
-                                label="Draw a digit (pick the brush on the left first)", elem_id="drawing",
-                                brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),
-                            )
-                            submit_drawing = gr.Button("Classify drawing", variant="primary")
-                head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
-                discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
-                                          info="share of the weakest attention weights dropped per layer")
-                k = gr.Slider(1, config.num_classes, value=min(3, config.num_classes), step=1, label="Top-k")
-            with gr.Column():
-                label = gr.Label(label="Prediction")
-                # JPEG: encodes in 0.2 ms where PNG takes 15 ms (280x280), no visible loss on a heat map.
-                rollout = gr.Image(label="Attention rollout", type="pil", format="jpeg", interactive=False,
-                                   buttons=["download", "fullscreen"], elem_id="rollout")
-                strip = gr.Image(label="Rollout after layer 1, 2, ... (left to right)", type="pil",
-                                 format="jpeg", interactive=False, buttons=["download", "fullscreen"],
-                                 elem_id="layer-strip")
-                model_input = gr.Image(label=_model_input_label(config), type="pil", format="png",
-                                       interactive=False, height=160, elem_id="model-input")
+        views = _views_or_error(predictor)  # computed once, at start-up
+        with gr.Tabs():
+            with gr.Tab("Classify"):
+                with gr.Row():
+                    with gr.Column():
+                        with gr.Tabs():
+                            with gr.Tab("Upload"):
+                                image = gr.Image(type="filepath", label="Image", sources=["upload", "clipboard"],
+                                                 height=320, elem_id="upload")
+                                submit = gr.Button("Classify", variant="primary")
+                                if config.in_channels == 1:  # the bundled samples are MNIST digits
+                                    _examples(image)
+                            if config.in_channels == 1:
+                                with gr.Tab("Draw"):
+                                    drawing = gr.Sketchpad(
+                                        type="pil", image_mode="RGB", canvas_size=(400, 400), layers=False,
+                                        label="Draw a digit (pick the brush on the left first)", elem_id="drawing",
+                                        brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),
+                                    )
+                                    submit_drawing = gr.Button("Classify drawing", variant="primary")
+                        head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
+                        discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
+                                                  info="share of the weakest attention weights dropped per layer")
+                        k = gr.Slider(1, config.num_classes, value=min(3, config.num_classes), step=1, label="Top-k")
+                    with gr.Column():
+                        label = gr.Label(label="Prediction")
+                        # JPEG: encodes in 0.2 ms where PNG takes 15 ms (280x280), no visible loss on a heat map.
+                        rollout = gr.Image(label="Attention rollout", type="pil", format="jpeg", interactive=False,
+                                           buttons=["download", "fullscreen"], elem_id="rollout")
+                        strip = gr.Image(label="Rollout after layer 1, 2, ... (left to right)", type="pil",
+                                         format="jpeg", interactive=False, buttons=["download", "fullscreen"],
+                                         elem_id="layer-strip")
+                        model_input = gr.Image(label=_model_input_label(config), type="pil", format="png",
+                                               interactive=False, height=160, elem_id="model-input")
+                        heads = gr.Image(label=f"Each head's attention from the {pooled_token(config)}: a row per "
+                                         f"layer (layer 1 at the top), a column per head", type="pil", format="jpeg",
+                                         interactive=False, buttons=["download", "fullscreen"], elem_id="head-maps")
+            with gr.Tab("Inside the model", elem_id="inside"):
+                _inside_tab(views)
 
-        controls, outputs = [head_fusion, discard_ratio, k], [label, rollout, strip, model_input]
+        controls, outputs = [head_fusion, discard_ratio, k], [label, rollout, strip, model_input, heads]
         # preprocess=False: the handler opens the upload itself, so a non-image gets a clear gr.Error.
         # Gradio then does not check the path, so read_upload does: only uploads are opened.
         submit.click(predict, [image] + controls, outputs, api_name="predict", concurrency_id="model",
@@ -349,6 +378,48 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
             submit_drawing.click(predict_drawing, [drawing] + controls, outputs, api_name="predict_drawing",
                                  concurrency_id="model", concurrency_limit=CONCURRENCY_LIMIT)
     return demo
+
+
+INSIDE_TITLES = {
+    "patch_filters": "Patch-embedding filters: principal components of the patch projection",
+    "position_similarity": "Position-embedding similarity: each patch position against every other",
+    "attention_distance": "Mean attention distance per head and layer",
+}
+
+
+def model_views(predictor: Predictor) -> ModelViews:
+    """Views 1-3 of the served model: from its weights when the backend has them, with attention
+    distances measured on the bundled samples when they fit the model (a digit model)."""
+    config = predictor.config
+    weights = predictor.weights() if hasattr(predictor, "weights") else None
+    data = default_data(config)
+    pixels, note = None, ("no images to measure on here: the bundled samples fit only a digit model "
+                          "(`vit-hub inspect --model MODEL --data IMAGES` measures it)")
+    if data is not None:
+        pixels, note = load_pixels(data, config)
+    return compute_views(config, weights, lambda batch: predictor.predict(batch)[1], pixels, note)
+
+
+def _views_or_error(predictor: Predictor) -> ModelViews | str:
+    try:
+        return model_views(predictor)
+    except (OSError, ValueError) as error:  # shown on the tab; the classifier still works
+        return f"The views could not be computed: {without_paths(str(error))}"
+
+
+def _inside_tab(views: ModelViews | str) -> None:
+    """Views 1-3 of the model, each with its one-sentence reading (or the reason it is missing)."""
+    gr.Markdown("What the model learned, as the ViT paper shows it (Dosovitskiy et al. 2020, Figure 7): the "
+                "filters its patch projection applies, how alike its position embeddings are, and how far "
+                "each head looks. The per-head maps of one image are under the rollout on the Classify tab.")
+    if isinstance(views, str):
+        gr.Markdown(views)
+        return
+    images, readings = views.images(), views.readings()
+    for name, title in INSIDE_TITLES.items():  # three views
+        gr.Image(images[name], label=title, type="pil", format="png", interactive=False, show_label=True,
+                 buttons=["download", "fullscreen"], elem_id=f"inside-{name.replace('_', '-')}")
+        gr.Markdown(readings[name])
 
 
 def _model_input_label(config: ViTConfig) -> str:

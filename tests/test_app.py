@@ -142,7 +142,7 @@ def test_named_endpoints(client):
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
 def test_bundled_samples_are_classified(client, sample, predictor):
-    scores, overlay, strip, _ = predict(client, sample, k=3)
+    scores, overlay, strip, _, _ = predict(client, sample, k=3)
     assert scores["label"] == label_of(sample)
     assert len(scores["confidences"]) == 3
     assert Image.open(overlay).size == (280, 280)  # 28x28 input, scaled 10x for display
@@ -156,7 +156,7 @@ def test_a_canonicalising_model_explains_its_canonical_input(client, tmp_path, s
     centred 28x28 digit (scaled 10x), whatever the upload's size."""
     path = tmp_path / "input.png"
     Image.open(SAMPLES[0]).resize(size).save(path)
-    _, overlay, _, model_input = predict(client, path)
+    _, overlay, _, model_input, _ = predict(client, path)
     assert Image.open(overlay).size == Image.open(model_input).size == (280, 280)
 
 
@@ -168,7 +168,7 @@ def photo_of_digit(sample: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
 def test_photo_of_a_digit_on_paper_is_recognised(client, sample, tmp_path):
-    scores, _, _, model_input = predict(client, photo_of_digit(sample, tmp_path))
+    scores, _, _, model_input, _ = predict(client, photo_of_digit(sample, tmp_path))
     assert scores["label"] == label_of(sample)
     seen = np.asarray(Image.open(model_input).convert("L").resize((28, 28), Image.Resampling.BOX), dtype=np.float64)
     original = np.asarray(Image.open(sample), dtype=np.float64)
@@ -177,7 +177,7 @@ def test_photo_of_a_digit_on_paper_is_recognised(client, sample, tmp_path):
 
 @pytest.mark.parametrize("sample", SAMPLES[:5], ids=lambda path: path.name)
 def test_drawn_digit_is_recognised(client, sample, tmp_path):
-    scores, overlay, _, _ = client.predict(sketch(drawn_digit(sample, tmp_path)), "mean", 0.0, 3,
+    scores, overlay, _, _, _ = client.predict(sketch(drawn_digit(sample, tmp_path)), "mean", 0.0, 3,
                                            api_name="/predict_drawing")
     assert scores["label"] == label_of(sample)
     assert Image.open(overlay).size == (280, 280)  # the centred 28x28 digit, scaled for display
@@ -192,15 +192,15 @@ def test_cmyk_and_16_bit_images_are_converted(client, tmp_path):
     Image.fromarray(np.asarray(Image.open(sample), dtype=np.uint16) * 257).save(deep)
     assert Image.open(cmyk).mode == "CMYK" and Image.open(deep).mode.startswith("I;16")
     for path in (cmyk, deep):
-        scores, overlay, _, _ = predict(client, path)
+        scores, overlay, _, _, _ = predict(client, path)
         assert scores["label"] == label_of(sample)
         assert Image.open(overlay).size == (280, 280)
 
 
 def test_controls_change_the_answer(client):
     sample = SAMPLES[0]
-    scores, plain, _, _ = predict(client, sample, "mean", 0.0, 5)
-    _, sharp, _, _ = predict(client, sample, "max", 0.9, 5)
+    scores, plain, _, _, _ = predict(client, sample, "mean", 0.0, 5)
+    _, sharp, _, _, _ = predict(client, sample, "max", 0.9, 5)
     assert len(scores["confidences"]) == 5
     assert not np.array_equal(np.asarray(Image.open(plain)), np.asarray(Image.open(sharp)))
 
@@ -225,7 +225,7 @@ def test_bad_input_is_reported_and_the_app_keeps_serving(client, case, tmp_path)
             client.predict(sketch(path), "mean", 0.0, 3, api_name="/predict_drawing")
         else:
             predict(client, path)
-    scores, _, _, _ = predict(client, SAMPLES[1])
+    scores, _, _, _, _ = predict(client, SAMPLES[1])
     assert scores["label"] == label_of(SAMPLES[1])
 
 
@@ -252,7 +252,7 @@ def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, t
     try:
         onnx_client = Client(url, verbose=False)
         for sample in SAMPLES[:3]:
-            scores, overlay, _, _ = predict(onnx_client, sample)
+            scores, overlay, _, _, _ = predict(onnx_client, sample)
             assert scores["label"] == label_of(sample)
             assert Image.open(overlay).size == (280, 280)
         pixels = np.stack([preprocess(path, onnx.config) for path in SAMPLES])
@@ -290,10 +290,11 @@ def test_an_rgb_model_with_a_non_square_grid(tmp_path):
         assert "/predict_drawing" not in rgb_client.view_api(print_info=False, return_format="dict")["named_endpoints"]
         path = tmp_path / "photo.jpg"
         Image.new("RGB", (90, 60), (200, 120, 40)).save(path)
-        scores, overlay, strip, model_input = predict(rgb_client, path, k=5)
+        scores, overlay, strip, model_input, heads = predict(rgb_client, path, k=5)
         assert {item["label"] for item in scores["confidences"]} == {"cat", "dog", "fox"}
         assert Image.open(overlay).size == (360, 240)  # 90x60 scaled 4x for display
         assert Image.open(model_input).size == (288, 192)  # the 16x24 input, scaled 12x
         assert Image.open(strip).size == (2 * (round(24 * 96 / 16) + 4) - 4, 96)  # 2 layers, tiles 144x96
+        assert Image.open(heads).size == (2 * 108 + 3, 2 * 72 + 3)  # 2 heads x 2 layers of 4x6 patches, 18 px each
     finally:
         demo.close()

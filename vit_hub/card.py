@@ -126,6 +126,7 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
         sections += ["![training curves](curves.png)", ""]
     if (model_dir / "confusion_matrix.png").is_file():
         sections += ["![confusion matrix](confusion_matrix.png)", ""]
+    sections += _inside_section(model_dir)
     sections += [
         "## Usage", "",
         "Python (PyTorch):", "", "```python",
@@ -141,6 +142,28 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
         f"resize to {image_size} (bilinear), scale to [0, 1], normalise with {_normalisation(config)}.", "",
     ]
     return ModelCard("\n".join(sections))
+
+
+def _inside_section(model_dir: Path) -> list[str]:
+    """The views training drew of what the model learned (vit_hub/insight.py), each with its
+    one-sentence reading from inspect.json; nothing when the model dir has none."""
+    from .insight import FIGURES, REPORT
+
+    report = model_dir / REPORT
+    shown = [name for name, file in FIGURES.items() if (model_dir / file).is_file()]
+    if not report.is_file() or not shown:
+        return []
+    try:
+        readings = json.loads(report.read_text()).get("readings", {})
+    except ValueError:  # not JSON: the figures still show
+        readings = {}
+    lines = ["## Inside the model", "",
+             "The views of the ViT paper (Dosovitskiy et al. 2020, Figure 7): the patch projection's filters, "
+             "the similarity of the position embeddings, and how far each head looks "
+             "(`vit-hub inspect`; numbers in `inspect.json`).", ""]
+    for name in shown:
+        lines += [f"![{name.replace('_', ' ')}]({FIGURES[name]})", "", readings.get(name, ""), ""]
+    return lines
 
 
 def _onnx_usage(reference: str, repo_id: str | None, onnx: bool) -> list[str]:

@@ -129,6 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--param", action="append", required=True, metavar="NAME=V1,V2,...",
                        help="model field or training setting to vary, e.g. num_heads=2,4,8")
     _add_training_flags(sweep)
+
+    inspect = commands.add_parser("inspect", help="what a model learned: patch filters, position similarity, "
+                                  "attention distance per head (PNG + inspect.json)")
+    inspect.add_argument("--model", required=True, help="model dir or Hub repo id")
+    inspect.add_argument("--out", required=True, help="folder for the figures and inspect.json")
+    inspect.add_argument("--data", help="images to measure attention distances on: a folder, 'mnist' or a "
+                         "torchvision name (default: the bundled samples, for a digit model)")
+    inspect.add_argument("--data-root", help="where torchvision datasets' files are (default: ./data)")
+    inspect.add_argument("--split", default="val", choices=("train", "val", "test"),
+                         help="split of a named dataset (a folder is read whole)")
+    inspect.add_argument("--samples", type=int, default=64, help="images to average over (default 64)")
+    inspect.add_argument("--seed", type=int, default=0, help="which images are drawn")
     add_hub_commands(commands)
     return parser
 
@@ -205,7 +217,14 @@ def run_sweep(args: argparse.Namespace) -> None:
     print(sweep(_settings(args), [parse_param(text) for text in args.param], Path(args.out), args.overwrite))
 
 
-COMMANDS = {"train": run_train, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,
+def run_inspect(args: argparse.Namespace) -> None:
+    from .insight import inspect_model
+
+    written = inspect_model(args.model, args.out, args.data, args.data_root, args.split, args.samples, args.seed)
+    print(f"wrote {', '.join(path.name for path in written)} to {Path(args.out)}")
+
+
+COMMANDS = {"train": run_train, "inspect": run_inspect, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,
             "push": run_push, "pull": run_pull}
 
 

@@ -43,7 +43,8 @@ from .model import VisionTransformer
 from .storage import check_safetensors
 
 # What a model dir holds and a push uploads. Checkpoints and other files stay local.
-MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png")
+MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png",
+               "inspect.json", "patch_filters.png", "position_similarity.png", "attention_distance.png")
 # As export/layout.py names them; the attentions graph lets the app's ONNX backend show rollout.
 ONNX_FILES = ("model.onnx", "model_attentions.onnx", "model_export_report.json")
 DEFAULT_BRANCH = "main"

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from . import data as vdata
 from .card import write_model_card
 from .config import DEFAULT_LEARNING_RATE, PRESET_LEARNING_RATES, PRESETS, ViTConfig, suggest_for_data
+from .insight import views_after_training
 from .model import VisionTransformer
 from .plots import plot_confusion_matrix, plot_curves
 from .storage import reading_safetensors, write_text_atomically
@@ -597,6 +598,7 @@ class Trainer:
                 plot_confusion_matrix(results[split]["confusion"], self.config.labels,
                                       self.out / "confusion_matrix.png",
                                       title=f"{split} split, accuracy {results[split]['accuracy']:.4f}")
+            views_after_training(best, self.out, self.eval_sets.get("val"))  # what it learned, for the card
             write_model_card(self.out)
             if final.get("warning"):
                 print(f"warning: {final['warning']}", file=sys.stderr)
