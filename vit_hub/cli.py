@@ -104,19 +104,28 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pause after N epochs of this invocation, leaving a resumable checkpoint")
     _add_training_flags(train, data_required=False)  # --resume needs no --data
 
-    evaluate = commands.add_parser("eval", help="evaluate a model; prints one JSON line")
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a model; prints one JSON line",
+        description="Accuracy and loss of a model on one split of --data, split as training splits it "
+                    "(same --val-split and --seed), printed as one JSON line: accuracy, loss, n, split.")
     evaluate.add_argument("--model", required=True, help="model dir or Hub repo id")
-    evaluate.add_argument("--data", required=True)
-    evaluate.add_argument("--data-root")
-    evaluate.add_argument("--split", default="test", choices=("train", "val", "test"))
-    evaluate.add_argument("--val-split", type=float, default=0.1)
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--data", required=True,
+                          help="image folder, 'mnist' (bundled) or a torchvision name; its labels must be the model's")
+    evaluate.add_argument("--data-root", help="where torchvision datasets' files are (default: ./data)")
+    evaluate.add_argument("--split", choices=("train", "val", "test"),
+                          help="default: test when the data has one (mnist, a folder with test/), else val")
+    evaluate.add_argument("--val-split", type=float, default=0.1,
+                          help="share held out for validation when the data has no val split (as in training)")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of that split (as in training)")
     evaluate.add_argument("--batch-size", type=int, default=256)
 
-    predict = commands.add_parser("predict", help="top-k labels for image files")
+    predict = commands.add_parser(
+        "predict", help="top-k labels for image files",
+        description="Top-k labels and probabilities for each image, one line per image. Each image is "
+                    "preprocessed as the model's config.json says (mode, size, canonicalisation, mean/std).")
     predict.add_argument("--model", required=True, help="model dir or Hub repo id")
-    predict.add_argument("images", nargs="+")
-    predict.add_argument("--top-k", type=int, default=3)
+    predict.add_argument("images", nargs="+", help="image files (any size and mode)")
+    predict.add_argument("--top-k", type=int, default=3, help="labels shown per image (default 3)")
 
     info = commands.add_parser("info", help="per-layer parameters and FLOPs")
     source = info.add_mutually_exclusive_group(required=True)
@@ -126,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="one short run per hyperparameter value, table + plot")
     sweep.add_argument("--out", required=True, help="folder for the runs, table and plot")
     sweep.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
+    sweep.add_argument("--resume", action="store_true",
+                       help="continue an interrupted sweep in --out: finished runs are kept, an interrupted "
+                            "one continues from its checkpoint, the rest start")
     sweep.add_argument("--param", action="append", required=True, metavar="NAME=V1,V2,...",
                        help="model field or training setting to vary, e.g. num_heads=2,4,8")
     _add_training_flags(sweep)
@@ -180,12 +192,13 @@ def run_eval(args: argparse.Namespace) -> None:
     splits = vdata.load_splits(args.data, args.data_root, args.val_split, args.seed)
     if splits.labels != model.config.labels:
         raise ValueError(f"the data's labels {splits.labels[:10]} do not match the model's {model.config.labels[:10]}")
-    dataset = vdata.Transformed(splits.split(args.split), vdata.EvalTransform(model.config))
+    split = args.split or ("test" if splits.test is not None else "val")
+    dataset = vdata.Transformed(splits.split(split), vdata.EvalTransform(model.config))
     loader = vdata.make_loader(dataset, args.batch_size, shuffle=False, seed=0,
                                num_workers=vdata.default_workers(), pin_memory=False)
     result = evaluate(model, loader, next(model.parameters()).device, model.config.num_classes)
     print(json.dumps({"accuracy": result["accuracy"], "loss": result["loss"], "n": result["n"],
-                      "split": args.split, "model": args.model, "data": args.data}))
+                      "split": split, "model": args.model, "data": args.data}))
 
 
 def run_predict(args: argparse.Namespace) -> None:
@@ -214,7 +227,8 @@ def run_info(args: argparse.Namespace) -> None:
 def run_sweep(args: argparse.Namespace) -> None:
     from .sweep import parse_param, sweep
 
-    print(sweep(_settings(args), [parse_param(text) for text in args.param], Path(args.out), args.overwrite))
+    print(sweep(_settings(args), [parse_param(text) for text in args.param], Path(args.out), args.overwrite,
+                args.resume))
 
 
 def run_inspect(args: argparse.Namespace) -> None:

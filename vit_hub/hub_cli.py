@@ -12,7 +12,8 @@ def add_hub_commands(subparsers) -> None:
     push.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="created if it does not exist")
     push.add_argument("--private", action="store_true", help="make the repo private when this push creates it")
     push.add_argument("--with-onnx", action="store_true",
-                      help="also upload model.onnx and its export report (exported first if missing)")
+                      help="also upload model.onnx, model_attentions.onnx (for the app's rollout) and the export report "
+                           "(exported first if model.onnx is missing)")
     push.add_argument("--revision", help="branch to commit to (default main; created if missing)")
     push.add_argument("--commit-message")
     push.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`); "

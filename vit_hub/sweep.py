@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .plots import plt
-from .train import MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free, train
+from .train import CHECKPOINT, MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free, train
 
 TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 
@@ -40,11 +40,17 @@ def _with_value(settings: TrainSettings, name: str, value: Any, out: Path) -> Tr
     return dataclasses.replace(settings, out=str(out), model={**settings.model, name: value})
 
 
-def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Path, overwrite: bool = False) -> str:
+def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Path, overwrite: bool = False,
+          resume: bool = False) -> str:
     """Run every value, write `sweep.json`, `sweep.md` and `sweep.png` in `out`; return the table.
-    Refuses up front, before any run, when a run's folder already holds a model (unless `overwrite`)."""
+
+    Refuses up front, before any run, when a run's folder already holds a model or a run
+    (unless `overwrite`). With `resume` (an interrupted sweep) finished runs are read back,
+    an interrupted run continues from its checkpoint and the others start."""
+    if overwrite and resume:
+        raise ValueError("sweep: --resume continues the runs in --out and --overwrite replaces them; pass one")
     check_out_is_a_folder(out)
-    if not overwrite:
+    if not overwrite and not resume:
         for name, values in params:
             for value in values:
                 check_out_is_free(out / f"{name}={value}")
@@ -53,7 +59,7 @@ def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Pat
     for name, values in params:
         for value in values:
             run_dir = out / f"{name}={value}"
-            metrics = train(_with_value(settings, name, value, run_dir), overwrite=True)
+            metrics = _run(_with_value(settings, name, value, run_dir), resume)
             last = metrics["history"][-1]
             results.setdefault(name, []).append({
                 "value": value, "best_val_accuracy": metrics["best_val_accuracy"],
@@ -65,6 +71,28 @@ def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Pat
     (out / "sweep.md").write_text(table + "\n")
     _plot(results, out / "sweep.png")
     return table
+
+
+def _run(settings: TrainSettings, resume: bool) -> dict[str, Any]:
+    """One run of the sweep. With `resume`: a finished run's metrics as written, an
+    interrupted one continued from its checkpoint (with its own saved settings)."""
+    run_dir = Path(settings.out)
+    if resume and _finished(run_dir):
+        print(f"sweep: {run_dir} is finished; reading its metrics.json")
+        return json.loads((run_dir / "metrics.json").read_text())
+    if resume and (run_dir / CHECKPOINT).is_file():
+        print(f"sweep: continuing {run_dir} from its checkpoint")
+        return train(settings, resume=True)
+    return train(settings, overwrite=True)
+
+
+def _finished(run_dir: Path) -> bool:
+    """A run that trained every epoch and was evaluated (metrics.json has its final result)."""
+    try:
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return "final" in metrics and len(metrics.get("history", [])) >= metrics.get("epochs", 0)
 
 
 def _parameter_count(run_dir: Path) -> int:
