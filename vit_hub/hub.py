@@ -19,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx2
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token, hf_hub_download, snapshot_download
@@ -48,7 +50,7 @@ MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", 
 # As export/layout.py names them; the attentions graph lets the app's ONNX backend show rollout.
 ONNX_FILES = ("model.onnx", "model_attentions.onnx", "model_export_report.json")
 DEFAULT_BRANCH = "main"
-LOGIN_HINT = "--token, HF_TOKEN or `hf auth login`"
+LOGIN_HINT = "--token (token= in Python), HF_TOKEN or `hf auth login`"
 # Which README.md a push committed.
 CARD_GENERATED = "generated for the repo"
 CARD_LOCAL = "the model dir's own, edited by hand"
@@ -104,6 +106,16 @@ def resolve_model_dir(reference: str | Path, revision: str | None = None, token:
     return config_path.parent
 
 
+def fetch_repo(repo_id: str, revision: str | None = None, token: str | None = None) -> Path:
+    """A Hub repo id -> the cached snapshot folder holding its config and weights (the config
+    is checked before the weights are downloaded). Problems are one-line `HubError`s."""
+    check_repo_id(repo_id)
+    config_path = _download(repo_id, "config.json", revision, token)
+    check_config(config_path, repo_id)
+    _download(repo_id, "model.safetensors", revision, token)
+    return config_path.parent
+
+
 def pull(repo_id: str, out: str | Path, revision: str | None = None, token: str | None = None) -> Path:
     """Download every file of a vit_hub model repo into `out`, a model dir."""
     check_repo_id(repo_id)
@@ -154,12 +166,35 @@ def _repo_id_or_missing_folder(reference: str) -> str:
 
 
 def _download(repo_id: str, filename: str, revision: str | None, token: str | None) -> Path:
+    options = dict(revision=revision or DEFAULT_BRANCH, token=token, endpoint=hub_endpoint())
     with hub_errors(repo_id, revision):
+        if not constants.is_offline_mode() and not hub_reachable(options["endpoint"]):
+            # huggingface_hub would retry for about 25 s, logging a warning per try, then use the cache
+            try:
+                return Path(hf_hub_download(repo_id, filename, local_files_only=True, **options))
+            except LocalEntryNotFoundError:
+                raise HubError(_not_cached_message(repo_id, revision, options["endpoint"])) from None
         try:
-            return Path(hf_hub_download(repo_id, filename, revision=revision or DEFAULT_BRANCH, token=token,
-                                        endpoint=hub_endpoint()))
+            return Path(hf_hub_download(repo_id, filename, **options))
         except RemoteEntryNotFoundError:
             raise HubError(f"{repo_id} is not a vit_hub model: it has no {filename}") from None
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_reachable(endpoint: str, timeout: float = 5.0) -> bool:
+    """Whether a TCP connection to the Hub's host opens (always True behind a proxy, which
+    this check cannot see through)."""
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return True
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:  # refused, no route, unknown host, timed out
+        return False
 
 
 # Errors -------------------------------------------------------------------------------------
@@ -251,7 +286,7 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
 def _push_token(token: str | None) -> str:
     token = token or get_token()
     if not token:
-        raise HubError(f"push needs a Hugging Face token with write access: pass {LOGIN_HINT}")
+        raise HubError(f"push needs a Hugging Face token with write access: give one with {LOGIN_HINT}")
     return token
 
 

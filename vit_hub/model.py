@@ -359,6 +359,20 @@ class VisionTransformer(
         return result
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs: Any) -> "VisionTransformer":
+        """The mixin's `from_pretrained`, same arguments. A Hub repo id (with at most `revision`
+        and `token`) is fetched as `vit_hub.load_model` fetches it: HF_ENDPOINT read now, the
+        config checked before the weights, and problems (offline, no network, unknown repo)
+        raised as one-line `vit_hub.hub.HubError`s."""
+        reference = str(pretrained_model_name_or_path)
+        if os.path.isdir(reference) or set(kwargs) - {"revision", "token", "map_location", "strict"}:
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        from .hub import fetch_repo  # hub imports this module
+
+        folder = fetch_repo(reference, kwargs.pop("revision", None), kwargs.pop("token", None))
+        return super().from_pretrained(str(folder), **kwargs)
+
+    @classmethod
     def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download,
                          local_files_only, token, map_location: str = "cpu", strict: bool = True,
                          **model_kwargs):
