@@ -15,10 +15,15 @@ bound to 127.0.0.1 with analytics, share links and server-side rendering off.
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import math
+import os
 import re
+import shutil
+import signal
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +162,9 @@ def _export_now(model_dir: Path) -> Path:
     from export import export_onnx
 
     out = Path(tempfile.mkdtemp(prefix="vit_hub_onnx_"))
-    print(f"app.py: {model_dir} has no model_attentions.onnx; exporting to {out} ...", flush=True)
+    atexit.register(shutil.rmtree, out, ignore_errors=True)  # also on SIGTERM: see main()
+    print(f"app.py: {model_dir} has no model_attentions.onnx; exporting to {out} (torch is loaded for this; "
+          f"`python -m export --attentions` once makes later starts torch-free) ...", flush=True)
     export_onnx(model_dir, out, attentions=True)
     return out
 
@@ -460,7 +467,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="onnx runs ONNX Runtime on model_attentions.onnx, exported to a temp dir "
                              "first when the model has none")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    parser.add_argument("--port", type=_port, default=7860, help="default: 7860")
+    parser.add_argument("--port", type=_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
+                        help="default: GRADIO_SERVER_PORT, else 7860")
     return parser.parse_args(argv)
 
 
@@ -481,15 +489,25 @@ def check_can_listen(host: str, port: int) -> None:
                          f"listen on, got {error.strerror or error}") from None
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (a service manager, `kill`) exits like Ctrl-C does, so exit handlers run and
+    a temporary export folder is removed."""
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     check_can_listen(args.host, args.port)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         predictor = load_predictor(args.model, args.backend)
     except (OSError, ValueError) as error:
         raise SystemExit(f"app.py: cannot load --model {args.model}: {error}") from None
+    # Gradio's own start-up lines include a hint to set share=True; this app never shares.
+    print(f"app.py: serving {args.model} ({predictor.description}) at http://{args.host}:{args.port} "
+          f"(no share link, no analytics; Ctrl-C stops)", flush=True)
     try:
-        serve(build_demo(predictor), args.host, args.port)
+        serve(build_demo(predictor), args.host, args.port, quiet=True)
     except OSError as error:  # taken since check_can_listen
         raise SystemExit(f"app.py: --host {args.host} --port {args.port}: expected an address and port this "
                          f"machine can listen on, got {error}") from None
