@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     layout = ExportLayout.for_model(path)
     for line in summary(json.loads(layout.report.read_text())):
         print(line)
-    print(f"wrote {layout.folder}/: {path.name}, config.json, {layout.report.name}")
+    written = [graph.name for graph in (layout.logits, layout.attentions, layout.int8) if graph.is_file()]
+    print(f"wrote {layout.folder}/: {', '.join(written)}, {layout.config.name}, {layout.report.name}")
     return 0
 
 

@@ -10,7 +10,6 @@ report is written, so the numbers can be read.
 
 from __future__ import annotations
 
-import datetime
 import json
 from pathlib import Path
 from typing import Any
@@ -120,7 +119,6 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
 def _report_header(reference: str, exporter: str, opset: int, eval_set: EvalSet) -> dict[str, Any]:
     return {
         "model": reference,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "exporter": exporter, "opset": opset,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
         "parity": {"tolerances_max_abs_diff": TOLERANCES, "batches": list(PARITY_BATCHES),
