@@ -372,7 +372,8 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                                                interactive=False, height=160, elem_id="model-input")
                         heads = gr.Image(label=f"Each head's attention from the {pooled_token(config)}: a row per "
                                          f"layer (layer 1 at the top), a column per head", type="pil", format="jpeg",
-                                         interactive=False, buttons=["download", "fullscreen"], elem_id="head-maps")
+                                         interactive=False, buttons=["download", "fullscreen"], height=420,
+                                         elem_id="head-maps")
             with gr.Tab("Inside the model", elem_id="inside"):
                 _inside_tab(views)
 

@@ -1,8 +1,9 @@
 """The app in a real headless browser: Debian's chromium driven by PyPI playwright.
 
 Never `playwright install` (it downloads a browser); CI installs Debian's `chromium`.
-Saves a screenshot in the test's tmp folder; with UPDATE_SCREENSHOT=1 it refreshes
-docs/app_screenshot.png, the one the README shows (so a CI run leaves the tree clean).
+Saves screenshots in the test's tmp folder; with UPDATE_SCREENSHOT=1 it refreshes
+docs/app_screenshot.png and docs/app_inside.png, the ones the README shows (so a CI run
+leaves the tree clean).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CHROMIUM_ARGS = [
 MODEL_DIR = ROOT / "models" / "vit-mnist"
 SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"
 README_SCREENSHOT = ROOT / "docs" / "app_screenshot.png"
+INSIDE_SCREENSHOT = ROOT / "docs" / "app_inside.png"
 
 pytestmark = [
     pytest.mark.browser,
@@ -78,7 +80,22 @@ def test_upload_classify_and_screenshot(page, tmp_path):
     expect(page.locator("#rollout img")).to_be_visible(timeout=30_000)
     expect(page.locator("#layer-strip img")).to_be_visible(timeout=30_000)
     expect(page.locator("#model-input img")).to_be_visible(timeout=30_000)
+    expect(page.locator("#head-maps img")).to_be_visible(timeout=30_000)
     screenshot = README_SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") == "1" else tmp_path / "app.png"
+    page.screenshot(path=str(screenshot), full_page=True)
+    assert screenshot.stat().st_size > 10_000
+
+
+def test_inside_the_model_tab_shows_the_three_views(page, tmp_path):
+    """Computed at start-up from the weights and the bundled samples, each view with its reading."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Inside the model").click()
+    for view in ("patch-filters", "position-similarity", "attention-distance"):
+        expect(page.locator(f"#inside-{view} img")).to_be_visible(timeout=30_000)
+    expect(page.get_by_text("principal components explain")).to_be_visible()
+    expect(page.get_by_text("Layer 1's heads attend")).to_be_visible()
+    screenshot = INSIDE_SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") == "1" else tmp_path / "inside.png"
     page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 10_000
 

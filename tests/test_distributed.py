@@ -59,7 +59,8 @@ def test_ddp_training_finishes_and_only_rank0_writes(ddp_run):
     out, result = ddp_run
     files = sorted(path.name for path in out.iterdir())
     assert files == sorted(["README.md", CHECKPOINT, "config.json", "confusion_matrix.png", "curves.png",
-                            "metrics.json", "model.safetensors"])
+                            "metrics.json", "model.safetensors", "inspect.json", "patch_filters.png",
+                            "position_similarity.png", "attention_distance.png"])
     # One summary line: printed by rank 0 alone.
     summaries = [line for line in result.stdout.splitlines() if line.startswith('{"out"')]
     assert len(summaries) == 1

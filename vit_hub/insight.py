@@ -364,7 +364,8 @@ class ModelViews:
     def readings(self) -> dict[str, str]:
         return {"patch_filters": read_filters(self.filters),
                 "position_similarity": read_positions(self.similarity, self.config, self.position_note),
-                "attention_distance": read_distances(self.distance, self.config, self.data_note)}
+                "attention_distance": read_distances(self.distance, self.pooled_distance, self.config,
+                                                     self.data_note)}
 
     def figures(self) -> dict[str, plt.Figure]:
         return {"patch_filters": plot_patch_filters(self.filters, self.config),
@@ -402,7 +403,7 @@ def compute_views(config: ViTConfig, weights: dict[str, np.ndarray] | None,
     then say so). attend and pixels: how to get attentions and of which images (None: no data)."""
     positions = position_table(weights, config)
     if config.pos_embedding == "sincos":
-        position_note = "fixed sin-cos positions (computed, not learned)"
+        position_note = "fixed sin-cos positions, computed rather than learned"
     elif positions is None:
         position_note = ("learned positions need the model's weights (model.safetensors), "
                          "which this backend does not have")
@@ -447,7 +448,8 @@ def read_positions(similarity: np.ndarray | None, config: ViTConfig, note: str) 
             f"patches half the grid or more apart {far.mean():.2f}: {verdict} ({note}).")
 
 
-def read_distances(distance: np.ndarray | None, config: ViTConfig, data_note: str) -> str:
+def read_distances(distance: np.ndarray | None, pooled: np.ndarray | None, config: ViTConfig,
+                   data_note: str) -> str:
     if distance is None:
         return f"Not measured: {data_note}."
     uniform, depth = uniform_distance(config), len(distance)
@@ -462,9 +464,11 @@ def read_distances(distance: np.ndarray | None, config: ViTConfig, data_note: st
     else:
         early_words = "early layers look at middle distances"
     late_words = "later layers are global" if (last > GLOBAL * uniform).all() else "later layers keep local heads"
+    token = pooled_token(config).split(" (")[0]
     return (f"Layer 1's heads attend {first.min():.1f} to {first.max():.1f} px away, layer {depth}'s "
             f"{last.min():.1f} to {last.max():.1f} px (uniform attention: {uniform:.1f} px): "
-            f"{early_words}; {late_words}.")
+            f"{early_words}; {late_words}. The {token}'s attention spreads over {pooled[0].mean():.1f} px "
+            f"in layer 1 and {pooled[-1].mean():.1f} px in layer {depth} (mean of the heads).")
 
 
 # Figures -----------------------------------------------------------------------------------
