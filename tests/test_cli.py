@@ -176,6 +176,29 @@ def test_sweep_writes_a_table_and_plots(split_image_folder, tmp_path):
     assert read_json(out / "lr=0.003" / "metrics.json")["settings"]["lr"] == 0.003
 
 
+def test_sweep_resume_keeps_finished_runs_and_continues_the_interrupted_one(split_image_folder, tmp_path):
+    """The state an interrupted sweep leaves: heads=1 finished, heads=2 stopped after 1 of 2
+    epochs (as Ctrl-C leaves it: the last epoch's checkpoint), heads=4 not started."""
+    out = tmp_path / "sweep"
+    flags = ["--data", split_image_folder, "--epochs", "2", *TINY_TRAIN_FLAGS]
+    assert run_main(["train", "--out", out / "num_heads=1", "--num-heads", "1", *flags])[0] == 0
+    assert run_main(["train", "--out", out / "num_heads=2", "--num-heads", "2", "--stop-after-epochs", "1",
+                     *flags])[0] == 0
+    finished_weights = (out / "num_heads=1" / "model.safetensors").read_bytes()
+    sweep = ["sweep", "--out", out, "--param", "num_heads=1,2,4", *flags]
+
+    code, _, stderr = run_main(sweep)
+    assert_one_error_line(code, stderr, "pass --resume to continue")
+    code, stdout, stderr = run_main([*sweep, "--resume"])
+    assert code == 0, stderr
+    assert f"sweep: {out / 'num_heads=1'} is finished" in stdout
+    assert f"sweep: continuing {out / 'num_heads=2'} from its checkpoint" in stdout
+    assert (out / "num_heads=1" / "model.safetensors").read_bytes() == finished_weights
+    for heads in (1, 2, 4):
+        assert len(read_json(out / f"num_heads={heads}" / "metrics.json")["history"]) == 2
+    assert [row["value"] for row in read_json(out / "sweep.json")["num_heads"]] == [1, 2, 4]
+
+
 # Bad input: one line, exit code 2 --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bad_inputs(tmp_path_factory):

@@ -255,6 +255,30 @@ def test_push_with_the_network_down_says_so(model_dir):
         push_to_hub(model_dir, REPO, token=TOKEN)
 
 
+def test_an_unreachable_hub_is_one_line_at_once_without_retry_warnings(tmp_path, capsys, caplog):
+    """huggingface_hub alone retries for about 25 s and logs two warnings a try first."""
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        assert main(["pull", REPO, "--out", str(tmp_path / "out")]) == 2
+    assert time.monotonic() - started < 10
+    error = capsys.readouterr().err
+    assert error.startswith("error: cannot reach the Hub at http://127.0.0.1:") and error.count("\n") == 1, error
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+
+
+def test_from_pretrained_and_the_python_token_error_are_one_line(hub, model_dir, monkeypatch):
+    push_to_hub(model_dir, REPO, token=TOKEN)
+    assert logits_of(VisionTransformer.from_pretrained(REPO)) == logits_of(load_model(model_dir))
+    with one_line_error(r"no model repo org/absent on http://"):
+        VisionTransformer.from_pretrained("org/absent")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with one_line_error(r"HF_HUB_OFFLINE is set and org/other@main is not in the local cache"):
+        VisionTransformer.from_pretrained("org/other")
+    with one_line_error(r"push needs a Hugging Face token .*token= in Python"):
+        push_to_hub(model_dir, REPO)
+
+
 def test_loading_errors_are_one_clear_line(hub, model_dir):
     push_to_hub(model_dir, REPO, token=TOKEN)
     hub.put_file(REPO, "config.json", json.dumps({"model_type": "bert", "hidden_size": 768}).encode())
