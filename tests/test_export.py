@@ -420,6 +420,9 @@ def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_imag
     assert sorted(p.name for p in out.parent.iterdir()) == [
         "config.json", "tiny.onnx", "tiny_attentions.onnx", "tiny_export_report.json", "tiny_int8.onnx"]
     assert "tiny.onnx: " in result.stdout and "opset 17" in result.stdout and "int8: accuracy" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"wrote {out.parent}/: tiny.onnx, tiny_attentions.onnx, tiny_int8.onnx, config.json, tiny_export_report.json")
+    assert "created" not in json.loads((out.parent / "tiny_export_report.json").read_text())  # same on every run
 
 
 @pytest.mark.parametrize("argv, message", [
