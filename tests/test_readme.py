@@ -1,0 +1,284 @@
+"""Every shell block of README.md, run as written by bash from the repo root after the README's
+activation line, with a PATH that does not hold the venv (as in a new shell).
+
+Placeholders and long runs are filled in with tiny settings: each block has an entry in
+RUNNERS (keyed by its first line) naming the substitutions made, and every substitution must
+still match the README, so a reworded block fails here until its runner is updated. The
+README's Python blocks run through pytest-markdown-docs (fixtures in ../conftest.py).
+
+Nothing here writes into the repo: `runs/` goes to a temporary folder, and the bundled model
+and samples are checked unchanged afterwards.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY_TRAIN_FLAGS, write_class_folders
+from markdown_it import MarkdownIt
+from PIL import Image
+
+from hub_double import HubDouble
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+ACTIVATE = ". .venv/bin/activate"
+VENV_BIN = REPO / ".venv" / "bin"
+TOKEN = "hf_vitHubReadmeToken0123456789abcdef"
+TINY = " ".join(TINY_TRAIN_FLAGS)
+# A model of the sweep's kind small enough for 1-epoch runs (embed dim 16 divides by 8 heads).
+TINY_SWEEP = "--image-size 16 --patch-size 4 --embed-dim 16 --depth 1 --batch-size 16 --augment none " \
+             "--workers 0 --device cpu"
+MNIST_RAW = REPO / "vit_hub" / "bundled" / "MNIST" / "raw"
+
+
+# Reading the README --------------------------------------------------------------------------
+def bash_blocks() -> dict[str, str]:
+    """{first line: block text} for every ```bash block."""
+    tokens = MarkdownIt("commonmark").parse(README.read_text(encoding="utf-8"))
+    blocks = [token.content for token in tokens if token.type == "fence" and token.info.split()[:1] == ["bash"]]
+    return {block.splitlines()[0].strip(): block for block in blocks}
+
+
+def block(first_line: str) -> str:
+    blocks = bash_blocks()
+    assert first_line in blocks, f"README.md has no bash block starting with {first_line!r}"
+    return blocks[first_line]
+
+
+def substitute(text: str, substitutions: list[tuple[str, str]]) -> str:
+    """Each (old, new) in turn; every `old` must occur, so a stale runner fails."""
+    for old, new in substitutions:
+        assert old in text, f"README block no longer contains {old!r}:\n{text}"
+        text = text.replace(old, new)
+    return text
+
+
+# Running a block ------------------------------------------------------------------------------
+def shell_env(**extra: str) -> dict[str, str]:
+    """The environment of a new shell: no venv on PATH, offline, one thread, a private HF home."""
+    path = [entry for entry in os.environ.get("PATH", "").split(os.pathsep)
+            if entry and Path(entry).resolve() != VENV_BIN.resolve() and Path(entry) != Path(sys.prefix) / "bin"]
+    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "HF_TOKEN", "PYTHONPATH")}
+    env.update(PATH=os.pathsep.join(path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+               GRADIO_ANALYTICS_ENABLED="False", MPLBACKEND="Agg")
+    env.update(extra)
+    return env
+
+
+def script(text: str) -> str:
+    return f"set -euo pipefail\n{ACTIVATE}\n{text}"
+
+
+def run_block(text: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run(["bash", "-c", script(text)], cwd=REPO, env=env or shell_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, f"exit {done.returncode}\n{text}\n--- stdout\n{done.stdout[-3000:]}\n" \
+                                 f"--- stderr\n{done.stderr[-3000:]}"
+    return done
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# Fixtures -------------------------------------------------------------------------------------
+def _snapshot(folders: list[Path]) -> dict[str, str]:
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+            for folder in folders for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def repo_files_unchanged():
+    """The README's examples never write into the bundled model or the samples."""
+    folders = [REPO / "models", REPO / "samples"]
+    before = _snapshot(folders)
+    yield
+    assert _snapshot(folders) == before, "a README block changed files under models/ or samples/"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """`path/to/folder`: a folder of two classes of generated photos (train/ and test/)."""
+    root = tmp_path_factory.mktemp("readme_folder")
+    write_class_folders(root / "train", per_class=12, seed=1)
+    write_class_folders(root / "test", per_class=4, seed=2, start=100)
+    return root
+
+
+def _mnist_digits(name: str, per_class: int) -> list[tuple[np.ndarray, int]]:
+    """The first `per_class` digits of each class from a bundled MNIST split ('train' or 't10k')."""
+    with gzip.open(MNIST_RAW / f"{name}-images-idx3-ubyte.gz") as images_file, \
+            gzip.open(MNIST_RAW / f"{name}-labels-idx1-ubyte.gz") as labels_file:
+        labels = np.frombuffer(labels_file.read()[8:], dtype=np.uint8)[:2000]
+        images = np.frombuffer(images_file.read(16 + 2000 * 784)[16:], dtype=np.uint8).reshape(-1, 28, 28)
+    chosen = [index for digit in range(10) for index in np.flatnonzero(labels == digit)[:per_class]]
+    return [(images[index], int(labels[index])) for index in chosen]
+
+
+@pytest.fixture(scope="module")
+def tiny_mnist(tmp_path_factory) -> Path:
+    """`--data mnist` made tiny: 8 training and 3 test digits per class from the bundled copy."""
+    root = tmp_path_factory.mktemp("tiny_mnist")
+    for split, name, per_class in (("train", "train", 8), ("test", "t10k", 3)):
+        for index, (pixels, label) in enumerate(_mnist_digits(name, per_class)):
+            (root / split / str(label)).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(root / split / str(label) / f"{index:03d}.png")
+    return root
+
+
+# The blocks -----------------------------------------------------------------------------------
+SETUP = "make app    # installs into .venv, then serves the Gradio app on the bundled MNIST model: http://127.0.0.1:7860"
+ACTIVATION = "make install            # once (make app and make test do it too): the package and its commands into .venv"
+TRAIN = "vit-hub train --data path/to/folder --out runs/my-model"
+AFTER_TRAIN = "vit-hub train --resume --out runs/my-model          # continue (also after Ctrl-C): same result as uninterrupted"
+BUNDLED = "vit-hub train --data mnist --preset mnist --epochs 60 --out runs/vit-mnist"
+EXPORT = "python -m export --model models/vit-mnist --out runs/onnx --attentions --quantize int8 --calib-data mnist"
+HUB = "export HF_TOKEN=hf_...            # or `hf auth login`, or --token (a flag is visible to other users)"
+DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same way"
+TWO_MACHINES = "# two machines, 8 GPUs each: run this on both, HOST being the first machine's address, with"
+RUNNERS = {SETUP, ACTIVATION, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES}
+
+
+def test_every_bash_block_has_a_runner():
+    assert set(bash_blocks()) == RUNNERS, "a README bash block was added, removed or reworded: update RUNNERS"
+
+
+def test_the_readme_starts_with_the_two_setup_commands():
+    """`make test` is what CI runs (.ci/run); `make app` is run below."""
+    lines = [line.split("#")[0].strip() for line in block(SETUP).splitlines()]
+    assert lines == ["make app", "make test"]
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_make_app_serves_the_bundled_model_without_a_share_hint():
+    """`make app` as written (already installed: `-o` keeps make from reinstalling), on a free
+    port through GRADIO_SERVER_PORT; stopped with SIGTERM."""
+    port = free_port()
+    process = subprocess.Popen(["make", "-s", "-o", ".venv/.installed", "app"], cwd=REPO, start_new_session=True,
+                               env=shell_env(GRADIO_SERVER_PORT=str(port)), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        status = _wait_for_http(f"http://127.0.0.1:{port}/", process, timeout=180)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert status == 200, output
+    assert f"app.py: serving {REPO / 'models' / 'vit-mnist'} (torch (CPU)) at http://127.0.0.1:{port}" in output
+    assert "share=True" not in output and "Traceback" not in output, output
+
+
+def _wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status
+        except OSError:
+            time.sleep(1)
+    return -1
+
+
+def test_the_activation_line_puts_the_commands_on_path():
+    text = substitute(block(ACTIVATION), [("make install ", "make -s -o .venv/.installed install ")])
+    assert ACTIVATE in text
+    done = run_block(text + "\ncommand -v vit-hub torchrun\nvit-hub --help\npython -m export --help\n"
+                            "python -c 'import torch, export'")
+    assert done.stdout.splitlines()[:2] == [str(VENV_BIN / "vit-hub"), str(VENV_BIN / "torchrun")]
+    for command in ("train", "eval", "predict", "info", "sweep", "push", "pull"):
+        assert command in done.stdout
+
+
+@pytest.mark.slow
+def test_train_then_resume_eval_predict_info_and_sweep(folder, tiny_mnist, tmp_path):
+    images = sorted((folder / "test").rglob("*.png"))[:2]
+    train = substitute(block(TRAIN), [
+        ("path/to/folder", str(folder)),
+        ("--out runs/my-model", f"--out {tmp_path}/runs/my-model {TINY} --epochs 2 --stop-after-epochs 1")])
+    assert "paused after epoch 1 of 2" in run_block(train).stdout
+
+    after = substitute(block(AFTER_TRAIN), [
+        ("path/to/folder", str(folder)), ("img1.jpg img2.png", " ".join(map(shlex.quote, map(str, images)))),
+        ("--data mnist", f"--data {tiny_mnist}"), ("--epochs 2", f"--epochs 1 {TINY_SWEEP}"),
+        ("runs/", f"{tmp_path}/runs/")])
+    out = run_block(after, timeout=600).stdout
+    evaluation = json.loads(next(line for line in out.splitlines() if line.startswith('{"accuracy"')))
+    assert evaluation["split"] == "val" and evaluation["n"] > 0
+    assert sum(line.startswith(str(path)) for path in images for line in out.splitlines()) == 2
+    assert out.count("is finished; reading its metrics.json") == 3  # the --resume line: nothing left to run
+    assert (tmp_path / "runs" / "heads" / "sweep.md").read_text().count("| num_heads |") == 3
+
+
+@pytest.mark.slow
+def test_the_bundled_models_recipe_trains(tiny_mnist, tmp_path):
+    text = substitute(block(BUNDLED), [
+        ("--data mnist", f"--data {tiny_mnist}"), ("--epochs 60", "--epochs 1 --workers 0 --device cpu"),
+        ("runs/", f"{tmp_path}/runs/")])
+    run_block(text)
+    assert json.loads((tmp_path / "runs" / "vit-mnist" / "config.json").read_text())["canonicalize"] == "digit"
+
+
+@pytest.mark.slow
+def test_the_onnx_export_writes_a_scratch_folder(tmp_path):
+    text = substitute(block(EXPORT), [("--calib-data mnist", "--calib-data mnist --eval-limit 32"),
+                                      ("runs/", f"{tmp_path}/runs/")])
+    closing = run_block(text).stdout.strip().splitlines()[-1]
+    written = ["model.onnx", "model_attentions.onnx", "model_int8.onnx", "config.json", "model_export_report.json"]
+    assert closing == f"wrote {tmp_path}/runs/onnx/: {', '.join(written)}"
+    assert all((tmp_path / "runs" / "onnx" / name).is_file() for name in written)
+    assert "created" not in json.loads((tmp_path / "runs" / "onnx" / "model_export_report.json").read_text())
+
+
+@pytest.mark.slow
+def test_hub_block_against_a_local_hub_and_offline(tmp_path):
+    """A real push needs the Hub: here it goes to tests/hub_double.py's stand-in. Offline (the
+    first line of the block also run alone) every command fails with one error line."""
+    text = substitute(block(HUB), [("hf_...", TOKEN), ("runs/", f"{tmp_path}/runs/")])
+    with HubDouble(TOKEN) as hub:
+        env = shell_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="0")
+        out = run_block(text, env).stdout
+    assert hub.unexpected == [] and len(hub.commits) == 1
+    assert {"model.onnx", "model_attentions.onnx", "model.safetensors"} <= set(hub.commits[0].files)
+    assert (tmp_path / "runs" / "from-hub" / "model.safetensors").is_file()
+    assert sum(line.startswith("samples/") for line in out.splitlines()) == len(list((REPO / "samples").glob("*.png")))
+
+    commands = [line for line in text.splitlines() if line.startswith("vit-hub ")]
+    for command in commands:
+        offline = subprocess.run(["bash", "-c", script(command.split("#")[0])], cwd=REPO, capture_output=True,
+                                 text=True, timeout=120, env=shell_env(HF_TOKEN=TOKEN, HF_HOME=str(tmp_path / "off")))
+        lines = offline.stderr.strip().splitlines()
+        assert offline.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), offline.stderr
+
+
+@pytest.mark.slow
+def test_ddp_blocks_with_two_processes_and_two_nodes(folder, tmp_path):
+    one_machine = substitute(block(DDP), [
+        ("--nproc_per_node 4", "--nproc_per_node 2"),
+        ("path/to/folder --out runs/ddp", f"{folder} --out {tmp_path}/runs/ddp {TINY} --epochs 2 --stop-after-epochs 1"),
+        ("runs/ddp\n", f"{tmp_path}/runs/ddp\n")])
+    run_block(one_machine)
+    assert len(json.loads((tmp_path / "runs" / "ddp" / "metrics.json").read_text())["history"]) == 2
+
+    two_machines = substitute(block(TWO_MACHINES), [
+        ("--nproc_per_node 8", "--nproc_per_node 1"), ("HOST:29500", f"127.0.0.1:{free_port()}"),
+        ("/shared/folder", str(folder)), ("/shared/runs/ddp", f"{tmp_path}/ddp2 {TINY} --epochs 1")])
+    nodes = [subprocess.Popen(["bash", "-c", script(two_machines)], cwd=REPO, env=shell_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-2000:] for output in outputs)
+    assert (tmp_path / "ddp2" / "model.safetensors").is_file()
