@@ -75,6 +75,14 @@ def test_model_card_records_the_exact_training_command(trained):
     assert read_json(trained["out"] / "metrics.json")["settings"]["command"].startswith("vit-hub train --data ")
 
 
+def test_eval_of_a_plain_class_folder_defaults_to_val(trained, split_image_folder):
+    """A folder of class subfolders has no test split: eval takes the val split it carves."""
+    code, stdout, stderr = run_main(["eval", "--model", trained["out"], "--data", split_image_folder / "train"])
+    assert code == 0, stderr
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["split"] == "val" and result["n"] > 0
+
+
 def test_eval_prints_one_json_line(trained, split_image_folder):
     code, stdout, stderr = run_main(["eval", "--model", trained["out"], "--data", split_image_folder])
     assert code == 0, stderr

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_TRAIN_FLAGS, write_class_folders
+from conftest import TINY_TRAIN_FLAGS, tiny_config, write_class_folders
 from markdown_it import MarkdownIt
 from PIL import Image
 
@@ -282,3 +282,27 @@ def test_ddp_blocks_with_two_processes_and_two_nodes(folder, tmp_path):
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-2000:] for output in outputs)
     assert (tmp_path / "ddp2" / "model.safetensors").is_file()
+
+
+# The app section's promise: an ONNX export made at start-up does not outlive the app.
+SIGTERM_AFTER_EXPORT = """
+import os, signal, sys, time
+import app
+signal.signal(signal.SIGTERM, app._exit_on_sigterm)  # as app.main() sets it
+print(app._export_now(__import__("pathlib").Path(sys.argv[1])), flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_the_apps_temporary_onnx_export_is_removed_on_sigterm(tmp_path):
+    from vit_hub.model import VisionTransformer
+
+    model_dir = tmp_path / "model"
+    VisionTransformer(**tiny_config()).save_pretrained(model_dir)
+    done = subprocess.run([sys.executable, "-c", SIGTERM_AFTER_EXPORT, str(model_dir)], cwd=REPO, env=shell_env(),
+                          capture_output=True, text=True, timeout=300)
+    exported = Path(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
+    assert exported.name.startswith("vit_hub_onnx_") and not exported.exists()
