@@ -118,8 +118,9 @@ def test_a_new_run_never_writes_over_a_trained_model(learned_run, image_folder, 
     assert len(metrics["history"]) == 1
 
 
-@pytest.mark.parametrize("num_train, batch", [(60_000, 128), (256, 128), (255, 64), (108, 32), (20, 16)])
-def test_small_data_gets_a_smaller_batch_for_enough_steps(num_train, batch):
+@pytest.mark.parametrize("num_train, batch", [(60_000, 128), (1280, 128), (1279, 64), (360, 32), (108, 32),
+                                              (40, 16), (9, 4)])
+def test_small_data_gets_a_smaller_batch_for_about_ten_steps_an_epoch(num_train, batch):
     assert default_batch_size(num_train) == batch
 
 

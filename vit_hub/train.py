@@ -47,6 +47,7 @@ CHECKPOINT = "checkpoint.safetensors"
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 MAX_WORKERS = 64  # DataLoader processes; far more only hangs the machine starting them
 DEFAULT_BATCH_SIZE = 128
+MIN_DEFAULT_BATCH_SIZE = 32  # the default never goes below this unless the data is tiny
 SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported as a likely shift
 MODEL_FIELDS = (
     "image_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout",
@@ -200,11 +201,13 @@ def default_epochs(num_train: int) -> int:
 
 
 def default_batch_size(num_train: int) -> int:
-    """128, or on small data the largest power of two giving at least 2 steps an epoch (at
-    least 16). Not smaller: with augmentation, small batches keep a ViT at chance far longer
-    (circles vs squares, 108 images, training accuracy after 60 epochs: batch 16 0.49,
-    batch 32 0.92, batch 64 0.98; test 0.95 / 0.975 / 1.0 after 200)."""
-    return int(min(DEFAULT_BATCH_SIZE, max(16, 2 ** math.floor(math.log2(max(1, num_train // 2))))))
+    """About 10 optimizer steps an epoch: the largest power of two up to a tenth of the
+    training images, kept within 32 to 128, and never above half of them (at least 2 steps).
+    Fewer, larger steps leave a small set with a few hundred updates in 200 epochs; batches
+    under 32 keep an augmented ViT near chance far longer (BENCHMARKS.md, issue 11)."""
+    tenth = 2 ** math.floor(math.log2(max(1, num_train // 10)))
+    half = 2 ** math.floor(math.log2(max(1, num_train // 2)))
+    return int(min(half, DEFAULT_BATCH_SIZE, max(MIN_DEFAULT_BATCH_SIZE, tenth)))
 
 
 # Evaluation ------------------------------------------------------------------------------
