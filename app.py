@@ -492,7 +492,10 @@ def check_can_listen(host: str, port: int) -> None:
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM (a service manager, `kill`) exits like Ctrl-C does, so exit handlers run and
-    a temporary export folder is removed."""
+    a temporary export folder is removed. A second SIGTERM during that shutdown (`kill` of
+    the whole process group reaches the app twice through make) is ignored, not raised
+    inside Python's own thread shutdown."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(128 + signum)
 
 
