@@ -111,7 +111,7 @@ def tiny_config(**overrides) -> dict:
 
 # Command-line flags of a tiny, fast training run (a sweep or train on the generated folders).
 TINY_TRAIN_FLAGS = [
-    "--image-size", "16", "--patch-size", "4", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
+    "--image-size", "16", "--patch-size", "4", "--in-channels", "3", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
     "--mlp-ratio", "2", "--batch-size", "8", "--lr", "3e-3", "--augment", "none", "--workers", "0",
     "--device", "cpu", "--seed", "0",
 ]

@@ -26,7 +26,7 @@ from vit_hub.train import (
     shift_warning, train,
 )
 
-TINY_MODEL = dict(image_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0)
+TINY_MODEL = dict(image_size=16, patch_size=4, in_channels=3, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0)
 TIMING = ("images_per_second", "epoch_seconds")
 
 
@@ -272,8 +272,8 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes_to_the_same_result(split_image_
 
     monkeypatch.setattr(Trainer, "_step", step_then_interrupt)
     flags = ["train", "--data", str(split_image_folder), "--out", str(out), "--epochs", "2", "--val-split", "0.25",
-             "--image-size", "16", "--patch-size", "4", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
-             "--mlp-ratio", "2", "--dropout", "0.1", "--drop-path", "0.1", "--batch-size", "8", "--lr", "3e-3",
+             "--image-size", "16", "--patch-size", "4", "--in-channels", "3", "--embed-dim", "16", "--depth", "1",
+             "--num-heads", "2", "--mlp-ratio", "2", "--dropout", "0.1", "--drop-path", "0.1", "--batch-size", "8", "--lr", "3e-3",
              "--augment", "photos", "--workers", "0", "--device", "cpu", "--seed", "0"]
     assert cli.main(flags) == 130
     assert f"interrupted; continue with: vit-hub train --resume --out {out}" in capsys.readouterr().err
@@ -339,8 +339,10 @@ def test_only_missing_normalisation_is_measured(split_image_folder, tmp_path):
 def test_without_preset_the_architecture_is_chosen_from_the_data(split_image_folder, tmp_path):
     splits = vdata.load_splits(str(split_image_folder))
     config = build_config(tiny_settings(split_image_folder, tmp_path, model={}), splits)
-    # 30 small RGB images (median side ~35 px): 32x32 inputs and the small-data tricks
-    assert (config.image_size, config.patch_size, config.in_channels) == ([32, 32], [4, 4], 3)
+    # 30 small RGB images (median side ~35 px): 32x32 inputs and the small-data tricks; grayscale,
+    # since brightness alone tells a bright disc from a dark square (vit_hub/colour.py)
+    assert (config.image_size, config.patch_size, config.in_channels) == ([32, 32], [4, 4], 1)
+    assert config.pixel_norm == "dataset"  # images of 40 px or less are not photos
     assert config.patch_embedding == "convstem" and config.locality_attention and config.drop_path > 0
 
 

@@ -262,7 +262,10 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
     From-scratch ViTs need many images; with few, a wide ViT at 224 px sits at chance.
     So: a resolution near the images' own (at most 64 px under 20k images), an 8x8
     patch grid, and on small data a narrow model with a convolutional stem, locality
-    attention and stochastic depth (the small-data preset).
+    attention and stochastic depth (the small-data preset). Photos (over 40 px) are
+    standardised per image: with the dataset's statistics a pale microscopy set has a
+    channel std of 0.05, colour jitter moves its inputs by several std, and the model
+    never leaves chance (BENCHMARKS.md, issue 11).
     """
     if median_side <= 40:
         image_size = 32 if median_side > 28 else 28
@@ -278,4 +281,6 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
     else:
         values = dict(PRESETS["tiny"], drop_path=0.1)
     values.update(image_size=image_size, patch_size=patch_size, in_channels=channels)
+    if median_side > 40:  # photos: exposure, contrast and colour cast differ between acquisitions
+        values.update(pixel_norm="image")
     return values

@@ -29,6 +29,7 @@ from torchvision import datasets
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
+from .colour import ColourEvidence, colour_evidence
 from .config import ViTConfig
 from .preprocess import normalize, open_image, preprocess, resize, to_model_domain
 
@@ -265,21 +266,32 @@ class ImageStats:
     """What the trainer needs to pick a model for unknown data."""
 
     num_train: int
-    channels: int
+    channels: int  # 1 when every sampled image is grayscale, else 3
     median_side: int
+    colour: ColourEvidence | None = None  # for colour images: does colour separate the classes?
+
+    @property
+    def model_channels(self) -> int:
+        """The input channels to train with: 3 only when colour helps (vit_hub/colour.py)."""
+        return 3 if self.channels == 3 and self.colour is not None and self.colour.colour_helps else 1
 
 
 def _sample_images(dataset: Dataset, count: int, seed: int) -> list[Image.Image]:
+    return [image for image, _ in _sample(dataset, count, seed)]
+
+
+def _sample(dataset: Dataset, count: int, seed: int) -> list[tuple[Image.Image, int]]:
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(dataset), size=min(count, len(dataset)), replace=False)
-    return [dataset[int(i)][0] for i in picks]
+    return [dataset[int(i)] for i in picks]
 
 
-def describe_images(dataset: Dataset, seed: int = 0, count: int = 200) -> ImageStats:
-    images = _sample_images(dataset, count, seed)
+def describe_images(dataset: Dataset, seed: int = 0, count: int = 400) -> ImageStats:
+    images, labels = zip(*_sample(dataset, count, seed))
     gray = all(image.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F") for image in images)
     median_side = int(np.median([min(image.size) for image in images]))
-    return ImageStats(len(dataset), 1 if gray else 3, median_side)
+    colour = None if gray else colour_evidence(images, labels, seed)
+    return ImageStats(len(dataset), 1 if gray else 3, median_side, colour)
 
 
 def compute_mean_std(dataset: Dataset, config: ViTConfig, seed: int = 0,

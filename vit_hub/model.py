@@ -259,8 +259,10 @@ class VisionTransformer(
         self._init_weights()
 
     def _init_weights(self) -> None:
-        """As in the ViT paper and timm: truncated-normal(0.02) weights, zero biases, a zero
-        head (so training starts from uniform predictions) and a near-zero class token."""
+        """Truncated-normal(0.02) weights and zero biases, the head's included, and a near-zero
+        class token. Not a zero head (the ViT paper's choice for fine-tuning): from scratch it
+        passes the body no gradient until the head has learned from features that do not yet
+        tell the classes apart, and a small-data run can sit at chance for 50+ epochs."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.trunc_normal_(module.weight, std=0.02)
@@ -269,8 +271,6 @@ class VisionTransformer(
         if isinstance(self.pos_embedding, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embedding, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
 
     # Input checks ------------------------------------------------------------------
     def check_input(self, pixel_values: torch.Tensor) -> None:

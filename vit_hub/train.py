@@ -136,16 +136,17 @@ def _all_reduce(tensor: torch.Tensor, runtime: Runtime) -> torch.Tensor:
 
 
 # Model and optimiser -------------------------------------------------------------------
-def build_config(settings: TrainSettings, splits: vdata.DataSplits) -> ViTConfig:
-    """Preset (or one chosen from the data) < explicit flags; mean/std from the
-    training images unless given; labels from the data."""
+def build_config(settings: TrainSettings, splits: vdata.DataSplits,
+                 stats: vdata.ImageStats | None = None) -> ViTConfig:
+    """Preset (or one chosen from the data, described by `stats` or measured here) < explicit
+    flags; mean/std from the training images unless given; labels from the data."""
     if settings.preset:
         if settings.preset not in PRESETS:
             raise TrainingError(f"--preset: expected one of {', '.join(PRESETS)}, got {settings.preset!r}")
         values = dict(PRESETS[settings.preset])
     else:
-        stats = vdata.describe_images(splits.train, settings.seed)
-        values = suggest_for_data(stats.num_train, stats.channels, stats.median_side)
+        stats = stats or vdata.describe_images(splits.train, settings.seed)
+        values = suggest_for_data(stats.num_train, stats.model_channels, stats.median_side)
     values.update({key: value for key, value in settings.model.items() if value is not None})
     values["labels"] = splits.labels
     if values.get("patch_embedding") == "convstem" and not _powers_of_two(values.get("patch_size", 16)):
@@ -321,7 +322,9 @@ class Trainer:
         self.runtime = start_runtime(settings.device)
         self.splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split,
                                         settings.seed, settings.strict)
-        self.config = ViTConfig.from_dict(state["config"]) if resume else build_config(settings, self.splits)
+        self.data_stats = None if resume or settings.preset else vdata.describe_images(self.splits.train, settings.seed)
+        self.config = ViTConfig.from_dict(state["config"]) if resume else build_config(settings, self.splits,
+                                                                                        self.data_stats)
         self.epochs = settings.epochs if settings.epochs is not None else default_epochs(len(self.splits.train))
         self.batch_size = (settings.batch_size if settings.batch_size is not None
                            else default_batch_size(len(self.splits.train)))
@@ -441,7 +444,12 @@ class Trainer:
         print(
             f"data: {self.splits.source} | train {len(self.splits.train)} | "
             f"val {len(self.splits.val) if self.splits.val is not None else 0} | "
-            f"test {len(self.splits.test) if self.splits.test is not None else 0} | {len(self.config.labels)} classes\n"
+            f"test {len(self.splits.test) if self.splits.test is not None else 0} | {len(self.config.labels)} classes"
+        )
+        colour = self.data_stats.colour if self.data_stats else None
+        if colour is not None and self.settings.model.get("in_channels") is None:
+            print(f"input: {colour.describe()}")
+        print(
             f"model: {parameters / 1e6:.2f} M parameters, {self.config.image_size[0]}x{self.config.image_size[1]}x"
             f"{self.config.in_channels}, patch {self.config.patch_size[0]}x{self.config.patch_size[1]}, "
             f"dim {self.config.embed_dim}, depth {self.config.depth}, heads {self.config.num_heads}\n"
