@@ -263,9 +263,9 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
     So: a resolution near the images' own (at most 64 px under 20k images), an 8x8
     patch grid, and on small data a narrow model with a convolutional stem, locality
     attention and stochastic depth (the small-data preset). Photos (over 40 px) are
-    standardised per image: with the dataset's statistics a pale microscopy set has a
-    channel std of 0.05, colour jitter moves its inputs by several std, and the model
-    never leaves chance (BENCHMARKS.md, issue 11).
+    standardised per image: with the dataset's statistics a pale set (microscopy) has tiny
+    channel stds, colour jitter moves its inputs by several of them, and the model never
+    leaves chance (BENCHMARKS.md, issue 11).
     """
     if median_side <= 40:
         image_size = 32 if median_side > 28 else 28

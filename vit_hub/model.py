@@ -262,7 +262,7 @@ class VisionTransformer(
         """Truncated-normal(0.02) weights and zero biases, the head's included, and a near-zero
         class token. Not a zero head (the ViT paper's choice for fine-tuning): from scratch it
         passes the body no gradient until the head has learned from features that do not yet
-        tell the classes apart, and a small-data run can sit at chance for 50+ epochs."""
+        tell the classes apart, and a small-data run can sit at chance for dozens of epochs."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.trunc_normal_(module.weight, std=0.02)
