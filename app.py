@@ -97,7 +97,7 @@ class TorchPredictor:
 
     @classmethod
     def load(cls, reference: str | Path, threads: int | None = 1) -> "TorchPredictor":
-        from vit_hub.hub import load_model
+        from vit_hub.pretrained import load_model
 
         return cls(load_model(reference), threads)
 
@@ -117,13 +117,12 @@ class TorchPredictor:
 class OnnxPredictor:
     """ONNX Runtime on the model's `model_attentions.onnx` graph (torch-free at run time)."""
 
-    def __init__(self, classifier: Any, weights_dir: Path | None = None):
+    def __init__(self, classifier: Any):
         if not classifier.has_attentions:
             raise ValueError(f"{classifier.model_path} has no attentions graph; export with --attentions")
         self.classifier = classifier
         self.config = classifier.config
         self.description = f"ONNX Runtime ({classifier.providers[0]})"
-        self.weights_dir = weights_dir  # the model dir, which may hold model.safetensors beside the graphs
         # One run now: a graph that cannot load fails at start, not at a user's first request.
         self.predict(np.zeros((1, self.config.in_channels, *self.config.image_size), dtype=np.float32))
 
@@ -132,13 +131,9 @@ class OnnxPredictor:
         """A model dir or Hub repo id; without model_attentions.onnx there, export to a temp dir
         first. threads: onnxruntime intra-op threads per session (one, as for torch)."""
         from export import OnnxClassifier
-        from export.layout import ExportLayout
 
-        folder = Path(reference) if Path(reference).is_dir() else _download(str(reference))
-        export_folder = folder
-        if not ExportLayout.for_model(folder).attentions.is_file():
-            export_folder = _export_now(folder)
-        return cls(OnnxClassifier(export_folder, threads=threads), weights_dir=folder)
+        return cls(OnnxClassifier.from_model(reference, output_attentions=True, export_dir=_export_dir,
+                                             threads=threads))
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         logits, attentions = self.classifier.run(pixels, attentions=True)
@@ -148,24 +143,16 @@ class OnnxPredictor:
         """model.safetensors read as arrays (no torch) when the model dir has it; else None."""
         from vit_hub.insight import read_weights
 
-        folder = self.weights_dir
-        return read_weights(folder) if folder and (folder / "model.safetensors").is_file() else None
+        folder = self.classifier.model_dir
+        return read_weights(folder) if (folder / "model.safetensors").is_file() else None
 
 
-def _download(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(repo_id))
-
-
-def _export_now(model_dir: Path) -> Path:
-    from export import export_onnx
-
+def _export_dir(model_dir: Path) -> Path:
+    """A temporary folder for the ONNX export of a model that ships none, removed at exit."""
     out = Path(tempfile.mkdtemp(prefix="vit_hub_onnx_"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)  # also on SIGTERM: see main()
     print(f"app.py: {model_dir} has no model_attentions.onnx; exporting to {out} (torch is loaded for this; "
           f"`python -m export --attentions` once makes later starts torch-free) ...", flush=True)
-    export_onnx(model_dir, out, attentions=True)
     return out
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from vit_hub.data import load_splits
-from vit_hub.hub import load_model
+from vit_hub.pretrained import load_model
 from vit_hub.preprocess import preprocess_batch
 from vit_hub.rollout import attention_gradients, attention_rollout, gradient_rollout
 

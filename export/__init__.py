@@ -13,16 +13,16 @@ the exporting names (which need torch) load on first use.
 from importlib import import_module
 
 _LAZY = {
-    "OnnxClassifier": "runtime", "ProviderFallbackError": "runtime", "OnnxModelError": "runtime",
-    "ExportLayout": "layout",
-    "export_onnx": "pipeline",
-    "VerificationError": "verify",
-    "quantize_int8": "quantize",
+    "OnnxClassifier": "export.runtime", "ProviderFallbackError": "export.runtime", "OnnxModelError": "export.runtime",
+    "ExportLayout": "vit_hub.layout",
+    "export_onnx": "export.pipeline",
+    "VerificationError": "export.verify",
+    "quantize_int8": "export.quantize",
 }
 __all__ = list(_LAZY)
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'export' has no attribute {name!r}")

@@ -8,9 +8,9 @@ import json
 import sys
 
 from vit_hub.cli import OneLineErrorParser
+from vit_hub.layout import ExportLayout
 
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
-from .layout import ExportLayout
 from .pipeline import export_onnx
 from .quantize import QUANTIZATIONS
 from .verify import VerificationError

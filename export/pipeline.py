@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 from vit_hub.config import ViTConfig
-from vit_hub.hub import load_model
+from vit_hub.pretrained import load_model
+from vit_hub.layout import ExportLayout
 
 from .evalset import EvalSet, check_labels, first_images, load_eval_set
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
-from .layout import ExportLayout
 from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
 

@@ -1,6 +1,7 @@
 """Run an exported vit_hub model with ONNX Runtime. This module never imports torch.
 
     classifier = OnnxClassifier("models/vit-mnist/model.onnx")   # config.json beside it
+    classifier = OnnxClassifier.from_model("you/vit-mnist")     # a model dir or a Hub repo id
     classifier.providers                  # e.g. ['CPUExecutionProvider']
     classifier.predict("digit.png", top_k=3)                   # [(label, probability), ...]
     logits = classifier.run(pixel_values)                      # [B, classes]
@@ -30,18 +31,18 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from vit_hub.config import ViTConfig
+from vit_hub.hub import resolve_model_dir
+from vit_hub.layout import ExportLayout
 from vit_hub.postprocess import softmax
 from vit_hub.postprocess import top_k as rank_top_k
 from vit_hub.preprocess import ImageInput, preprocess_batch
-
-from .layout import ExportLayout
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +186,7 @@ class OnnxClassifier:
                  threads: int | None = None, io_binding: bool | None = None, exact: bool = False):
         self.layout = ExportLayout.for_model(model_path)
         self.model_path = self.layout.logits
+        self.model_dir = self.layout.folder  # from_model: the model's own folder, which holds its weights
         if not self.model_path.is_file():
             raise FileNotFoundError(
                 f"expected an ONNX model at {self.model_path}, found nothing "
@@ -200,6 +202,34 @@ class OnnxClassifier:
         self._check_graph(self.session, self.model_path)
         self._attentions: ort.InferenceSession | None = None
         self._attentions_lock = threading.Lock()
+
+    @classmethod
+    def from_model(cls, reference: str | Path, *, output_attentions: bool = False,
+                   export_dir: Callable[[Path], Path] | None = None, revision: str | None = None,
+                   token: str | None = None, **options: Any) -> "OnnxClassifier":
+        """A model dir or Hub repo id, resolved as `vit_hub.load_model` resolves it (one-line
+        HubErrors, HF_ENDPOINT, the config checked first), with the ONNX graphs it ships.
+
+        When the graph needed (the attentions graph with `output_attentions`) is missing,
+        `export_dir(model_dir)` names a folder to export into (torch is loaded for that);
+        without `export_dir` a FileNotFoundError names the export command. `options` go to
+        the constructor.
+        """
+        model_dir = resolve_model_dir(reference, revision, token, with_onnx=True)
+        layout = ExportLayout.for_model(model_dir)
+        graph = layout.attentions if output_attentions else layout.logits
+        folder = model_dir
+        if not graph.is_file():
+            if export_dir is None:
+                raise FileNotFoundError(f"expected {graph.name} in {model_dir}, found none; export it with: "
+                                        f"python -m export --model {reference} --out {model_dir} --attentions")
+            from .pipeline import export_onnx  # torch, only when there is something to export
+
+            folder = export_dir(model_dir)
+            export_onnx(model_dir, folder, attentions=output_attentions)
+        classifier = cls(folder, **options)
+        classifier.model_dir = model_dir
+        return classifier
 
     # Providers ---------------------------------------------------------------------
     @property

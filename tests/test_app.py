@@ -272,14 +272,14 @@ def test_onnx_backend_uses_the_graph_shipped_with_the_model(monkeypatch):
     def no_export(model_dir):
         raise AssertionError(f"exported {model_dir} although it ships an attentions graph")
 
-    monkeypatch.setattr(app, "_export_now", no_export)
+    monkeypatch.setattr(app, "_export_dir", no_export)
     onnx = app.load_predictor(MODEL_DIR, "onnx")
     assert onnx.classifier.model_path.parent == MODEL_DIR
 
 
 def test_an_rgb_model_with_a_non_square_grid(tmp_path):
     """Any vit_hub model works: RGB, 16x24 input (a 4x6 patch grid); no drawing tab."""
-    from vit_hub.model import VisionTransformer
+    from vit_hub.pretrained import VisionTransformer
 
     VisionTransformer(image_size=[16, 24], patch_size=4, in_channels=3, embed_dim=16, depth=2, num_heads=2,
                       labels=["cat", "dog", "fox"]).save_pretrained(tmp_path / "rgb")

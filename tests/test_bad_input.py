@@ -38,8 +38,8 @@ import app  # noqa: E402
 from export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: E402
 from export.__main__ import main as export_main  # noqa: E402
 from vit_hub import cli  # noqa: E402
-from vit_hub.hub import load_model  # noqa: E402
-from vit_hub.model import VisionTransformer  # noqa: E402
+from vit_hub.pretrained import load_model  # noqa: E402
+from vit_hub.pretrained import VisionTransformer  # noqa: E402
 from vit_hub.predict import predict_images  # noqa: E402
 from vit_hub.preprocess import open_image  # noqa: E402
 from vit_hub.train import CHECKPOINT, Trainer, TrainingError  # noqa: E402
@@ -415,7 +415,7 @@ def test_the_trainer_refuses_inf_lr_through_the_python_api_too(train_folder, tmp
 SLOW_SAVE = textwrap.dedent("""
     import sys, time
     import safetensors.torch
-    from vit_hub.model import VisionTransformer
+    from vit_hub.pretrained import VisionTransformer
 
     def slow_save(model, filename, *args, **kwargs):
         with open(filename, "wb") as handle:

@@ -105,7 +105,7 @@ def photo_files(root: Path) -> list[Path]:
 
 def test_torch_onnx_and_training_transforms_see_the_same_pixels(photos):
     from export import OnnxClassifier
-    from vit_hub.hub import load_model
+    from vit_hub.pretrained import load_model
     from vit_hub.predict import predict_images
 
     model = load_model(MODEL_DIR)
@@ -134,7 +134,7 @@ def test_eval_on_a_folder_of_photos_canonicalises_them(photos, capsys):
 
 def test_without_canonicalisation_the_same_photos_fail(photos):
     """The control: the bundled model on raw photos (what the app did before) is near chance."""
-    from vit_hub.hub import load_model
+    from vit_hub.pretrained import load_model
 
     model = load_model(MODEL_DIR)
     model.config.canonicalize = "none"

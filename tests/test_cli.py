@@ -16,7 +16,7 @@ import pytest
 from conftest import TINY_TRAIN_FLAGS, read_json, tiny_config, write_class_folders
 
 from vit_hub import cli
-from vit_hub.model import VisionTransformer
+from vit_hub.pretrained import VisionTransformer
 from vit_hub.summary import layer_rows
 
 REPO = Path(__file__).resolve().parents[1]

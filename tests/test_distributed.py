@@ -13,7 +13,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from vit_hub import data as vdata
-from vit_hub.hub import load_model
+from vit_hub.pretrained import load_model
 from vit_hub.train import CHECKPOINT, evaluate, read_checkpoint_state
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

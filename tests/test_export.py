@@ -19,11 +19,11 @@ from PIL import Image
 from conftest import tiny_config
 from export import OnnxClassifier, ProviderFallbackError, VerificationError, export_onnx
 from export.__main__ import main as cli_main
-from export.layout import ExportLayout
+from vit_hub.layout import ExportLayout
 from export.runtime import CPU, CUDA, CUDA_OPTIONS
 from export.verify import check_file
 from vit_hub.config import ViTConfig
-from vit_hub.model import VisionTransformer
+from vit_hub.pretrained import VisionTransformer
 from vit_hub.postprocess import softmax, top_k
 
 REPO = Path(__file__).resolve().parents[1]

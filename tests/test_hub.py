@@ -33,8 +33,8 @@ from PIL import Image
 from hub_double import HubDouble
 from vit_hub.card import is_generated_card, write_model_card
 from vit_hub.cli import main
-from vit_hub.hub import CARD_GENERATED, CARD_KEPT, CARD_LOCAL, HubError, load_model, pull, push_to_hub
-from vit_hub.model import VisionTransformer
+from vit_hub.hub import CARD_GENERATED, CARD_KEPT, CARD_LOCAL, HubError, pull, push_to_hub
+from vit_hub.pretrained import VisionTransformer, load_model
 
 TOKEN = "hf_vitHubTestToken0123456789abcdefXYZ"
 REPO = "org/name"
@@ -162,8 +162,14 @@ def test_with_onnx_adds_model_onnx_and_its_report(hub, model_dir, with_onnx):
     assert (f"python -m export --model {REPO}" in card) == (not with_onnx)
 
 
-def test_with_onnx_exports_model_onnx_first_when_missing(hub, model_dir):
+def test_with_onnx_without_model_onnx_names_the_export_command(hub, model_dir):
     pytest.importorskip("onnxruntime")
+    from export import export_onnx
+
+    with pytest.raises(HubError, match=r"^--with-onnx: expected model.onnx in .*python -m export --model"):
+        push_to_hub(model_dir, REPO, token=TOKEN, with_onnx=True)
+    assert hub.commits == []
+    export_onnx(model_dir, model_dir, attentions=True)
     result = push_to_hub(model_dir, REPO, token=TOKEN, with_onnx=True)
     assert set(result.files) == PUSHED | {"model.onnx", "model_attentions.onnx", ONNX_REPORT}
     assert hub.files(REPO)["model.onnx"] == (model_dir / "model.onnx").read_bytes()
@@ -407,8 +413,7 @@ def test_olah_errors_unknown_repo_not_ours_network_down(olah, monkeypatch, tmp_p
 FRESH_PROCESS = """
 import json, pathlib, sys, torch
 from vit_hub.cli import main
-from vit_hub.hub import load_model
-from vit_hub.model import VisionTransformer
+from vit_hub.pretrained import VisionTransformer, load_model
 out, source, repo_ids = sys.argv[1], sys.argv[2], sys.argv[3:]
 pixels = torch.linspace(-1.0, 1.0, 2 * 8 * 8).reshape(2, 1, 8, 8)
 results = {}

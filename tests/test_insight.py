@@ -19,7 +19,8 @@ from vit_hub import insight
 from vit_hub.card import render_card_text
 from vit_hub.cli import main as cli_main
 from vit_hub.config import ViTConfig
-from vit_hub.model import PatchEmbedding, VisionTransformer, sincos_position_embedding
+from vit_hub.model import PatchEmbedding, sincos_position_embedding
+from vit_hub.pretrained import VisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "models" / "vit-mnist"

@@ -1,4 +1,4 @@
-"""The model and its config: shapes, attention paths, save/load, and every input error."""
+"""The model and its config: shapes, attention paths, save/load (vit_hub.pretrained), and every input error."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from conftest import tiny_config
 
+from vit_hub import pretrained
 from vit_hub.config import PRESETS, ViTConfig, suggest_for_data
 from vit_hub.model import (
     Attention, DropPath, PatchEmbedding, VisionTransformer, sincos_position_embedding,
@@ -314,9 +315,9 @@ def test_training_mode_is_random_only_where_asked():
     dict(patch_embedding="convstem"),
 ], ids=["plain", "sincos-shifted-locality", "convstem"])
 def test_save_then_load_gives_identical_logits(tmp_path, options):
-    model = randomized(VisionTransformer(**tiny_config(image_size=[16, 24], **options)))
+    model = randomized(pretrained.VisionTransformer(**tiny_config(image_size=[16, 24], **options)))
     model.save_pretrained(tmp_path)
-    loaded = VisionTransformer.from_pretrained(str(tmp_path))
+    loaded = pretrained.VisionTransformer.from_pretrained(str(tmp_path))
     assert not loaded.training
     pixels = images(3, 3, 16, 24)
     assert torch.equal(model(pixels), loaded(pixels))
@@ -326,7 +327,7 @@ def test_save_then_load_gives_identical_logits(tmp_path, options):
 def test_config_round_trip_turns_tuples_into_lists(tmp_path):
     kwargs = dict(image_size=(16, 24), patch_size=(4, 8), in_channels=3, embed_dim=16, depth=1, num_heads=2,
                   mlp_ratio=3, mean=(0.25,), std=(0.5, 0.25, 0.125), labels=("cat", "dog"), drop_path=0.1)
-    model = VisionTransformer(**kwargs)
+    model = pretrained.VisionTransformer(**kwargs)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["image_size"] == [16, 24] and saved["patch_size"] == [4, 8]
@@ -334,16 +335,16 @@ def test_config_round_trip_turns_tuples_into_lists(tmp_path):
     assert saved["labels"] == ["cat", "dog"] and saved["num_classes"] == 2
     assert saved["mlp_ratio"] == 3.0
     assert set(saved) == set(ViTConfig.__dataclass_fields__)  # every field, defaults included
-    loaded = VisionTransformer.from_pretrained(str(tmp_path))
+    loaded = pretrained.VisionTransformer.from_pretrained(str(tmp_path))
     assert loaded.config == model.config == ViTConfig(**kwargs)
     assert ViTConfig.from_dict(json.loads(json.dumps(model.config.to_dict()))) == model.config
 
 
 def test_config_json_rebuilds_an_identical_model(tmp_path):
-    model = VisionTransformer(**tiny_config())
+    model = pretrained.VisionTransformer(**tiny_config())
     model.save_pretrained(tmp_path)
     config = ViTConfig.from_json(tmp_path / "config.json")
-    assert VisionTransformer(**config.to_dict()).config == model.config
+    assert pretrained.VisionTransformer(**config.to_dict()).config == model.config
 
 
 def rewrite_weights(directory, change) -> None:
@@ -354,41 +355,41 @@ def rewrite_weights(directory, change) -> None:
 
 
 def test_loading_with_a_missing_weight_fails_naming_it(tmp_path):
-    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     rewrite_weights(tmp_path, lambda tensors: tensors.pop("blocks.1.mlp.0.bias"))
     with pytest.raises(ValueError, match=r"missing \['blocks.1.mlp.0.bias'\], unexpected \[\]"):
-        VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
 
 
 def test_loading_with_an_unexpected_weight_fails_naming_it(tmp_path):
-    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     rewrite_weights(tmp_path, lambda tensors: tensors.update(extra=torch.zeros(2)))
     with pytest.raises(ValueError, match=r"missing \[\], unexpected \['extra'\]"):
-        VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
 
 
 def test_loading_weights_of_another_shape_fails_with_a_value_error(tmp_path):
-    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "embed_dim": 32}))
     with pytest.raises(ValueError, match="do not match the config"):
-        VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
 
 
 def test_loading_without_config_or_weights_fails(tmp_path):
-    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="expected weights at .*model.safetensors"):
-        VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
     (tmp_path / "config.json").unlink()
     with pytest.raises(ValueError, match="has no vit_hub config.json"):
-        VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
 
 
 def test_non_strict_load_is_possible_when_asked(tmp_path):
-    VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     rewrite_weights(tmp_path, lambda tensors: tensors.pop("head.bias"))
-    model = VisionTransformer.from_pretrained(str(tmp_path), strict=False)
+    model = pretrained.VisionTransformer.from_pretrained(str(tmp_path), strict=False)
     assert model.head.bias.shape == (2,)
 
 

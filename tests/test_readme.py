@@ -289,7 +289,7 @@ SIGTERM_AFTER_EXPORT = """
 import os, signal, sys, time
 import app
 signal.signal(signal.SIGTERM, app._exit_on_sigterm)  # as app.main() sets it
-print(app._export_now(__import__("pathlib").Path(sys.argv[1])), flush=True)
+print(app.OnnxPredictor.load(sys.argv[1]).classifier.layout.folder, flush=True)
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(60)
 """
@@ -297,7 +297,7 @@ time.sleep(60)
 
 @pytest.mark.slow
 def test_the_apps_temporary_onnx_export_is_removed_on_sigterm(tmp_path):
-    from vit_hub.model import VisionTransformer
+    from vit_hub.pretrained import VisionTransformer
 
     model_dir = tmp_path / "model"
     VisionTransformer(**tiny_config()).save_pretrained(model_dir)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vit_hub.model import VisionTransformer
+from vit_hub.pretrained import VisionTransformer
 from vit_hub.rollout import (
     add_residual, attention_gradients, attention_rollout, discard_lowest, fuse_heads,
     gradient_rollout, heatmap, layer_rollouts, overlay,

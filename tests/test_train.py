@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from vit_hub import cli
 from vit_hub import data as vdata
 from vit_hub.config import PRESETS, ViTConfig
-from vit_hub.model import VisionTransformer
+from vit_hub.pretrained import VisionTransformer
 from vit_hub.train import (
     CHECKPOINT, Trainer, TrainingError, TrainSettings, build_config, default_batch_size, default_epochs, evaluate,
     learning_rate, load_checkpoint, parameter_groups, peak_learning_rate, read_checkpoint_state, save_checkpoint,

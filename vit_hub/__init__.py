@@ -10,8 +10,8 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _LAZY = {
-    "PRESETS": "config", "ViTConfig": "config", "VisionTransformer": "model",
-    "load_model": "hub", "push_to_hub": "hub", "pull": "hub", "predict_images": "predict",
+    "PRESETS": "config", "ViTConfig": "config", "VisionTransformer": "pretrained",
+    "load_model": "pretrained", "push_to_hub": "hub", "pull": "hub", "predict_images": "predict",
 }
 __all__ = list(_LAZY)
 

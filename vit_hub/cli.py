@@ -185,7 +185,7 @@ def run_train(args: argparse.Namespace) -> None:
 
 def run_eval(args: argparse.Namespace) -> None:
     from . import data as vdata
-    from .hub import load_model
+    from .pretrained import load_model
     from .train import evaluate
 
     model = load_model(args.model)
@@ -202,7 +202,7 @@ def run_eval(args: argparse.Namespace) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> None:
-    from .hub import load_model
+    from .pretrained import load_model
     from .predict import predict_images
 
     model = load_model(args.model)
@@ -216,7 +216,7 @@ def run_info(args: argparse.Namespace) -> None:
     from .summary import summarize
 
     if args.model:
-        from .hub import load_model
+        from .pretrained import load_model
 
         model = load_model(args.model)
     else:

@@ -1,4 +1,4 @@
-"""Model dirs and the Hugging Face Hub: load from a folder or a repo id, pull, push.
+"""Model dirs and the Hugging Face Hub: a folder or a repo id resolved to a model dir, pull, push.
 
 Hub calls go to `HF_ENDPOINT` (read at call time) with the token from the `token`
 argument, `HF_TOKEN` or the cached login (`hf auth login`); the token is only ever sent in
@@ -41,14 +41,12 @@ from huggingface_hub.utils import validate_repo_id
 
 from .card import is_generated_card, render_card_text
 from .config import ViTConfig
-from .model import VisionTransformer
+from .layout import ExportLayout
 from .storage import check_safetensors
 
 # What a model dir holds and a push uploads. Checkpoints and other files stay local.
 MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png",
                "inspect.json", "patch_filters.png", "position_similarity.png", "attention_distance.png")
-# As export/layout.py names them; the attentions graph lets the app's ONNX backend show rollout.
-ONNX_FILES = ("model.onnx", "model_attentions.onnx", "model_export_report.json")
 DEFAULT_BRANCH = "main"
 LOGIN_HINT = "--token (token= in Python), HF_TOKEN or `hf auth login`"
 # Which README.md a push committed.
@@ -75,24 +73,18 @@ def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
-# Loading ----------------------------------------------------------------------------------
-def load_model(reference: str | Path, revision: str | None = None, device: str = "cpu",
-               token: str | None = None) -> VisionTransformer:
-    """A model dir (config.json + model.safetensors) or a Hub repo id -> model in eval mode."""
-    model_dir = resolve_model_dir(reference, revision, token)
-    model = VisionTransformer.from_pretrained(model_dir, map_location=device)
-    return model.to(device).eval()
-
-
-def resolve_model_dir(reference: str | Path, revision: str | None = None, token: str | None = None) -> Path:
-    """A model folder as it is; a repo id -> the cached snapshot holding its config and weights.
+# Resolving ---------------------------------------------------------------------------------
+def resolve_model_dir(reference: str | Path, revision: str | None = None, token: str | None = None,
+                      with_onnx: bool = False) -> Path:
+    """A model folder as it is; a repo id -> the cached snapshot holding its config and weights
+    (and with `with_onnx` the ONNX files the repo has, see `vit_hub.layout`).
 
     The config is fetched and checked first, so a repo that is not a vit_hub model fails
     before its weights are downloaded.
     """
     path = Path(reference)
     if path.is_dir():
-        check_model_dir(path, flag="--model")
+        check_model_dir(path, flag="--model", weights=not with_onnx)  # ONNX graphs need no weights
         return path
     if path.exists():
         raise ValueError(f"--model: expected a model folder or a Hub repo id, got the file {reference}")
@@ -101,18 +93,24 @@ def resolve_model_dir(reference: str | Path, revision: str | None = None, token:
         config_path = _download(repo_id, "config.json", revision, token)
     except HubError as error:  # the user may have meant a folder: say both
         raise HubError(f"--model {reference}: no such folder here, and as a Hub repo: {error}") from error
-    check_config(config_path, repo_id)
-    _download(repo_id, "model.safetensors", revision, token)
-    return config_path.parent
+    return _fetch_after_config(repo_id, config_path, revision, token, with_onnx)
 
 
 def fetch_repo(repo_id: str, revision: str | None = None, token: str | None = None) -> Path:
     """A Hub repo id -> the cached snapshot folder holding its config and weights (the config
     is checked before the weights are downloaded). Problems are one-line `HubError`s."""
     check_repo_id(repo_id)
-    config_path = _download(repo_id, "config.json", revision, token)
+    return _fetch_after_config(repo_id, _download(repo_id, "config.json", revision, token), revision, token)
+
+
+def _fetch_after_config(repo_id: str, config_path: Path, revision: str | None, token: str | None,
+                        with_onnx: bool = False) -> Path:
+    """Check the downloaded config, then fetch the weights (and the ONNX files there are)."""
     check_config(config_path, repo_id)
     _download(repo_id, "model.safetensors", revision, token)
+    if with_onnx:
+        for path in ExportLayout.for_model(config_path.parent).onnx_files:
+            _download(repo_id, path.name, revision, token, required=False)
     return config_path.parent
 
 
@@ -129,11 +127,13 @@ def pull(repo_id: str, out: str | Path, revision: str | None = None, token: str 
     return out
 
 
-def check_model_dir(model_dir: Path, flag: str = "--model") -> None:
-    """A folder with a vit_hub config.json and model.safetensors, or a one-line error."""
+def check_model_dir(model_dir: Path, flag: str = "--model", weights: bool = True) -> None:
+    """A folder with a vit_hub config.json and (unless not `weights`) model.safetensors, or a one-line error."""
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{flag}: expected config.json in {model_dir}, found none")
     check_config(model_dir / "config.json", str(model_dir))
+    if not weights and not (model_dir / "model.safetensors").exists():
+        return
     if not (model_dir / "model.safetensors").is_file():
         raise FileNotFoundError(f"{flag}: expected model.safetensors in {model_dir}, found none")
     check_safetensors(model_dir / "model.safetensors")  # a pickle or a cut file is never pushed or loaded
@@ -165,19 +165,22 @@ def _repo_id_or_missing_folder(reference: str) -> str:
     return reference
 
 
-def _download(repo_id: str, filename: str, revision: str | None, token: str | None) -> Path:
+def _download(repo_id: str, filename: str, revision: str | None, token: str | None,
+              required: bool = True) -> Path | None:
+    """One file of the repo, cached; None for a file not `required` that the repo (or, offline,
+    the cache) does not have."""
     options = dict(revision=revision or DEFAULT_BRANCH, token=token, endpoint=hub_endpoint())
     with hub_errors(repo_id, revision):
-        if not constants.is_offline_mode() and not hub_reachable(options["endpoint"]):
-            # huggingface_hub would retry for about 25 s, logging a warning per try, then use the cache
-            try:
-                return Path(hf_hub_download(repo_id, filename, local_files_only=True, **options))
-            except LocalEntryNotFoundError:
-                raise HubError(_not_cached_message(repo_id, revision, options["endpoint"])) from None
+        # huggingface_hub would retry an unreachable Hub for about 25 s, logging a warning per try
+        cache_only = not constants.is_offline_mode() and not hub_reachable(options["endpoint"])
         try:
-            return Path(hf_hub_download(repo_id, filename, **options))
-        except RemoteEntryNotFoundError:
-            raise HubError(f"{repo_id} is not a vit_hub model: it has no {filename}") from None
+            return Path(hf_hub_download(repo_id, filename, local_files_only=cache_only, **options))
+        except (LocalEntryNotFoundError, RemoteEntryNotFoundError) as error:
+            if not required:
+                return None
+            if isinstance(error, RemoteEntryNotFoundError):
+                raise HubError(f"{repo_id} is not a vit_hub model: it has no {filename}") from None
+            raise HubError(_not_cached_message(repo_id, revision, options["endpoint"])) from None
 
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -254,8 +257,8 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
         model_dir: folder written by `vit-hub train`.
         repo_id: "OWNER/NAME".
         private: make the repo private when this push creates it (None: the Hub's default).
-        with_onnx: also upload model.onnx, model_attentions.onnx and the export report
-            (exported first if model.onnx is absent).
+        with_onnx: also upload model.onnx, model_attentions.onnx and the export report, those
+            of them there are (`python -m export` writes them); model.onnx must be there.
         revision: branch to commit to (default "main"); created from main if missing.
         commit_message: summary of the commit (default names the folder).
         token: Hub token; default HF_TOKEN, then the cached login.
@@ -291,23 +294,12 @@ def _push_token(token: str | None) -> str:
 
 
 def onnx_files(model_dir: Path) -> list[str]:
-    """The ONNX files beside the weights, exporting model.onnx first when it is missing."""
-    if not (model_dir / "model.onnx").is_file():
-        _export_onnx(model_dir)
-    return [name for name in ONNX_FILES if (model_dir / name).is_file()]
-
-
-def _export_onnx(model_dir: Path) -> None:
-    """model.onnx and its report, written into the model dir by the export package."""
-    try:
-        from export import VerificationError, export_onnx
-    except ImportError:
-        raise HubError(f"--with-onnx: {model_dir} has no model.onnx and the export package is not installed; "
-                       f"run `python -m export --model {model_dir} --out {model_dir / 'model.onnx'}`") from None
-    try:
-        export_onnx(model_dir, model_dir / "model.onnx", attentions=True)
-    except VerificationError as error:
-        raise HubError(f"--with-onnx: the exported model.onnx failed verification, nothing pushed: {error}") from error
+    """The ONNX files beside the weights; a HubError naming the export command when model.onnx is missing."""
+    layout = ExportLayout.for_model(model_dir)
+    if not layout.logits.is_file():
+        raise HubError(f"--with-onnx: expected {layout.logits.name} in {model_dir}, found none; export it first: "
+                       f"python -m export --model {model_dir} --out {model_dir} --attentions")
+    return [path.name for path in layout.onnx_files if path.is_file()]
 
 
 def _card_to_push(api: HfApi, model_dir: Path, repo_id: str, branch: str, onnx: bool,

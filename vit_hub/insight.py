@@ -616,7 +616,8 @@ def torch_weights(model: Any) -> dict[str, np.ndarray]:
 def inspect_model(reference: str | Path, out: str | Path, data: str | None = None, data_root: str | None = None,
                   split: str = "val", samples: int = 64, seed: int = 0) -> list[Path]:
     """`vit-hub inspect`: views 1-3 of a model dir or Hub repo id written into `out`."""
-    from .hub import load_model, resolve_model_dir
+    from .hub import resolve_model_dir
+    from .pretrained import load_model
 
     check_out(out)
     model_dir = resolve_model_dir(reference)

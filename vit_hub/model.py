@@ -15,21 +15,13 @@ softmax(q kᵀ) v path taken, so explanations never slow down ordinary inference
 from __future__ import annotations
 
 import math
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import safetensors.torch
-from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 from torch import nn
 
 from .config import ViTConfig
-from .storage import reading_safetensors, replace_files
-
-SAVE_STAGING = ".saving"  # folder inside a model dir that save_pretrained writes before moving files in
 
 
 class PatchEmbedding(nn.Module):
@@ -211,14 +203,7 @@ def sincos_position_embedding(grid_h: int, grid_w: int, dim: int) -> torch.Tenso
     return torch.cat([y_angles.sin(), y_angles.cos(), x_angles.sin(), x_angles.cos()], dim=1)
 
 
-class VisionTransformer(
-    nn.Module,
-    PyTorchModelHubMixin,
-    library_name="vit_hub",
-    pipeline_tag="image-classification",
-    tags=["vit_hub", "vision-transformer", "image-classification", "pytorch"],
-    repo_url="https://github.com/vit-hub/vit_hub",
-):
+class VisionTransformer(nn.Module):
     """Vision Transformer for image classification.
 
     Takes the flat, JSON-native keyword arguments of `ViTConfig` (architecture plus
@@ -233,8 +218,6 @@ class VisionTransformer(
     def __init__(self, **kwargs: Any):
         super().__init__()
         self.config = config = ViTConfig.from_dict(kwargs)
-        # What save_pretrained writes to config.json: every field, defaults included.
-        self._hub_mixin_config = config.to_dict()
         dim = config.embed_dim
 
         if config.patch_embedding == "convstem":
@@ -337,74 +320,3 @@ class VisionTransformer(
         if output_attentions:
             return logits, torch.stack(attentions)  # [depth, B, heads, T, T]
         return logits
-
-    # Saving and loading ------------------------------------------------------------
-    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> str | None:
-        """The mixin's save_pretrained (same arguments), made safe to interrupt.
-
-        The mixin deletes config.json first and rewrites the weights in place, so a kill
-        mid-save left a folder without a config. Here everything is written into a staging
-        folder inside `save_directory` and moved in with os.replace, weights first: a crash
-        or kill at any moment leaves the previous model or the new one. (Between the two
-        renames the new weights sit beside the old config.json; they are the same file when a
-        training run saves its best epoch, and a different architecture fails to load.)
-        """
-        target = Path(save_directory)
-        staging = target / SAVE_STAGING
-        shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
-        result = super().save_pretrained(staging, **kwargs)
-        keep_card = (target / "README.md").exists()  # as the mixin: an existing card is kept
-        replace_files(staging, target, ["model.safetensors", "config.json"] + ([] if keep_card else ["README.md"]))
-        shutil.rmtree(staging)
-        return result
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs: Any) -> "VisionTransformer":
-        """The mixin's `from_pretrained`, same arguments. A Hub repo id (with at most `revision`
-        and `token`) is fetched as `vit_hub.load_model` fetches it: HF_ENDPOINT read now, the
-        config checked before the weights, and problems (offline, no network, unknown repo)
-        raised as one-line `vit_hub.hub.HubError`s."""
-        reference = str(pretrained_model_name_or_path)
-        if os.path.isdir(reference) or set(kwargs) - {"revision", "token", "map_location", "strict"}:
-            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-        from .hub import fetch_repo  # hub imports this module
-
-        folder = fetch_repo(reference, kwargs.pop("revision", None), kwargs.pop("token", None))
-        return super().from_pretrained(str(folder), **kwargs)
-
-    @classmethod
-    def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download,
-                         local_files_only, token, map_location: str = "cpu", strict: bool = True,
-                         **model_kwargs):
-        """Called by `from_pretrained` once config.json has been read. Unlike the mixin's
-        default, loading is strict (every weight present, none unexpected) and only
-        safetensors are read: no pickles."""
-        if not model_kwargs:
-            raise ValueError(f"{model_id} has no vit_hub config.json (expected one beside model.safetensors)")
-        model = cls(**model_kwargs)
-        if os.path.isdir(model_id):
-            weights = os.path.join(model_id, "model.safetensors")
-            if not os.path.isfile(weights):
-                raise FileNotFoundError(f"expected weights at {weights}, found nothing")
-        else:
-            weights = hf_hub_download(
-                repo_id=model_id, filename="model.safetensors", revision=revision, cache_dir=cache_dir,
-                force_download=force_download, token=token, local_files_only=local_files_only,
-            )
-        try:
-            with reading_safetensors(weights):  # damaged, unreadable or not safetensors: one line
-                missing, unexpected = safetensors.torch.load_model(model, weights, strict=False, device=map_location)
-        except RuntimeError as error:  # a weight whose shape differs from the config's
-            raise ValueError(f"weights in {weights} do not match the config: {_first_line(error)}") from None
-        if strict and (missing or unexpected):
-            raise ValueError(
-                f"weights in {weights} do not match the config: missing {sorted(missing)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
-        return model.eval()
-
-
-def _first_line(error: Exception) -> str:
-    """torch's load errors span many lines; the first mismatch is enough for one line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return next((line for line in lines if "size mismatch" in line), lines[0] if lines else repr(error))

@@ -39,8 +39,8 @@ from . import data as vdata
 from .card import write_model_card
 from .config import DEFAULT_LEARNING_RATE, PRESET_LEARNING_RATES, PRESETS, ViTConfig, suggest_for_data
 from .insight import views_after_training
-from .model import VisionTransformer
 from .plots import plot_confusion_matrix, plot_curves
+from .pretrained import VisionTransformer
 from .storage import reading_safetensors, write_text_atomically
 
 CHECKPOINT = "checkpoint.safetensors"

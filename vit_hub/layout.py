@@ -1,4 +1,5 @@
-"""Where an export puts its files. Torch-free: the runtime reads the same layout.
+"""Where the ONNX files of a model live. Torch-free, and the one place their names are written:
+`python -m export` writes this layout, ONNX Runtime and the app read it, a push uploads it.
 
 `--out models/vit-mnist/model.onnx` (or just the folder `models/vit-mnist`) gives
 
@@ -61,3 +62,9 @@ class ExportLayout:
     @property
     def config(self) -> Path:
         return self.folder / "config.json"
+
+    @property
+    def onnx_files(self) -> tuple[Path, Path, Path]:
+        """What a model dir ships of an export: the logits graph, the attentions graph (the
+        app's ONNX backend draws rollout from it) and the report."""
+        return self.logits, self.attentions, self.report
