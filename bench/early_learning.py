@@ -43,7 +43,7 @@ def run(name: str, splits: vdata.DataSplits, steps: int = 250, lr: float = 1e-3)
     for step, (images, labels) in enumerate(loader):
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / 30)
-        loss = F.cross_entropy(model(images), labels, label_smoothing=0.1)
+        loss = F.cross_entropy(model(images).logits, labels, label_smoothing=0.1)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

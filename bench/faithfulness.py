@@ -71,7 +71,7 @@ def random_patches(allowed: np.ndarray, count: int, rng: np.random.Generator) ->
 
 @torch.no_grad()
 def true_class_probability(model, pixels: np.ndarray, labels: np.ndarray, batch: int = 250) -> np.ndarray:
-    probabilities = [model(torch.from_numpy(pixels[i:i + batch])).softmax(-1).numpy()
+    probabilities = [model(torch.from_numpy(pixels[i:i + batch])).logits.softmax(-1).numpy()
                      for i in range(0, len(pixels), batch)]
     return np.concatenate(probabilities)[np.arange(len(labels)), labels]
 

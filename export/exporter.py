@@ -31,15 +31,17 @@ OPSETS = {"torchscript": range(17, 21), "dynamo": range(18, 24)}
 MAX_SELF_CONTAINED_BYTES = 2**31 - 1
 
 
-class WithAttentions(nn.Module):
-    """The model with `output_attentions=True` fixed: forward returns (logits, attentions)."""
+class GraphOutputs(nn.Module):
+    """The model as a graph returns it: logits, or (logits, attentions) with output_attentions."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, output_attentions: bool):
         super().__init__()
         self.model = model
+        self.output_attentions = output_attentions
 
     def forward(self, pixel_values: torch.Tensor):
-        return self.model(pixel_values, output_attentions=True)
+        logits, attentions = self.model(pixel_values, output_attentions=self.output_attentions)
+        return (logits, attentions) if self.output_attentions else logits
 
 
 def check_export_options(exporter: str, opset: int) -> None:
@@ -67,7 +69,7 @@ def write_graph(model: nn.Module, path: Path, *, attentions: bool, opset: int = 
     _check_size(model)
     model.eval()
     config = model.config
-    module = WithAttentions(model).eval() if attentions else model
+    module = GraphOutputs(model, output_attentions=attentions).eval()
     outputs = [LOGITS, ATTENTIONS] if attentions else [LOGITS]
     # Batch 2, not 1: torch.export would specialise a batch of 1 into a constant.
     example = torch.zeros(2, config.in_channels, *config.image_size)  # [2, C, H, W]

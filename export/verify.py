@@ -59,8 +59,8 @@ def check_file(path: Path, opset: int, outputs: list[str]) -> dict[str, Any]:
 
 def _torch_outputs(model: nn.Module, pixels: np.ndarray, attentions: bool) -> list[np.ndarray]:
     with torch.inference_mode():
-        result = model(torch.from_numpy(pixels), output_attentions=attentions)
-    return [tensor.numpy() for tensor in (result if attentions else (result,))]
+        logits, weights = model(torch.from_numpy(pixels), output_attentions=attentions)
+    return [logits.numpy()] + ([weights.numpy()] if attentions else [])
 
 
 def parity(model: nn.Module, path: Path, inputs: dict[str, np.ndarray], outputs: list[str]) -> list[dict[str, Any]]:

@@ -46,8 +46,8 @@ def pixels_for(config: ViTConfig, batch: int, seed: int = 0) -> np.ndarray:
 
 def torch_outputs(model: VisionTransformer, pixels: np.ndarray, attentions: bool = False):
     with torch.inference_mode():
-        result = model(torch.from_numpy(pixels), output_attentions=attentions)
-    return tuple(t.numpy() for t in result) if attentions else result.numpy()
+        logits, weights = model(torch.from_numpy(pixels), output_attentions=attentions)
+    return (logits.numpy(), weights.numpy()) if attentions else logits.numpy()
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +356,7 @@ def train_tiny(folder: Path, steps: int = 30) -> VisionTransformer:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(pixels), labels)
+        loss = torch.nn.functional.cross_entropy(model(pixels).logits, labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -65,7 +65,7 @@ def make_model_dir(path: Path, seed: int = 0) -> Path:
 
 def logits_of(model: VisionTransformer) -> list:
     with torch.no_grad():
-        return model(PIXELS).tolist()
+        return model(PIXELS).logits.tolist()
 
 
 def free_port() -> int:
@@ -420,8 +420,8 @@ results = {}
 with torch.no_grad():
     for repo_id in repo_ids:
         assert main(["pull", repo_id, "--out", f"{out}/{repo_id}"]) == 0
-        results[repo_id] = {"from_pretrained": VisionTransformer.from_pretrained(repo_id)(pixels).tolist(),
-                            "pulled": load_model(f"{out}/{repo_id}")(pixels).tolist()}
+        results[repo_id] = {"from_pretrained": VisionTransformer.from_pretrained(repo_id)(pixels).logits.tolist(),
+                            "pulled": load_model(f"{out}/{repo_id}")(pixels).logits.tolist()}
 if pathlib.Path("app.py").is_file():  # the Gradio app's loader, as `python app.py --model OWNER/NAME` uses it
     from app import load_predictor
     expected = load_predictor(source, "torch").predict(pixels.numpy())[0]

@@ -186,7 +186,7 @@ def test_gradient_rollout_follows_the_chosen_class():
     _, _, other = attention_gradients(model, pixels, class_index=1)
     assert not np.allclose(gradient_rollout(attentions, other), maps)
     # The hooks are gone again: a plain forward pass still works and captures nothing new.
-    np.testing.assert_allclose(model(pixels).detach(), logits, atol=1e-5)
+    np.testing.assert_allclose(model(pixels).logits.detach(), logits, atol=1e-5)
     assert all(not block.attention._forward_hooks for block in model.blocks)
 
 

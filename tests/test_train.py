@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from vit_hub import cli
 from vit_hub import data as vdata
 from vit_hub.config import PRESETS, ViTConfig
+from vit_hub.model import ViTOutput
 from vit_hub.pretrained import VisionTransformer
 from vit_hub.train import (
     CHECKPOINT, Trainer, TrainingError, TrainSettings, build_config, default_batch_size, default_epochs, evaluate,
@@ -395,7 +396,7 @@ def test_checkpoint_round_trip_restores_model_and_optimizer_exactly(tmp_path):
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=1e-3)
     for _ in range(2):
         optimizer.zero_grad()
-        model(torch.randn(4, 3, 16, 16)).square().sum().backward()
+        model(torch.randn(4, 3, 16, 16)).logits.square().sum().backward()
         optimizer.step()
     save_checkpoint(tmp_path / CHECKPOINT, model, optimizer, {"epoch": 3, "note": "hi"})
     assert [path.name for path in tmp_path.iterdir()] == [CHECKPOINT]  # no partial file left
@@ -417,7 +418,7 @@ class FixedLogits(torch.nn.Module):
     """A 'model' that returns the logits it is fed as images."""
 
     def forward(self, images):
-        return images
+        return ViTOutput(images)
 
 
 def test_evaluate_counts_accuracy_loss_and_confusion():
@@ -438,7 +439,7 @@ def test_presets_all_train_one_step():
                   "labels": ["a", "b"]}
         model = VisionTransformer(**values).train()
         optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=1e-3)
-        loss = model(torch.randn(2, model.config.in_channels, 32, 32)).logsumexp(-1).mean()
+        loss = model(torch.randn(2, model.config.in_channels, 32, 32)).logits.logsumexp(-1).mean()
         loss.backward()
         optimizer.step()
         assert math.isfinite(loss.item()), name

@@ -15,13 +15,20 @@ softmax(q kᵀ) v path taken, so explanations never slow down ordinary inference
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import ViTConfig
+
+
+class ViTOutput(NamedTuple):
+    """What VisionTransformer.forward returns (unpacks as `logits, attentions = ...`)."""
+
+    logits: torch.Tensor  # [B, num_classes]
+    attentions: torch.Tensor | None = None  # [depth, B, heads, T, T] with output_attentions, else None
 
 
 class PatchEmbedding(nn.Module):
@@ -111,16 +118,13 @@ class Attention(nn.Module):
         if locality:  # learned log-temperature, starting at the usual 1/sqrt(head_dim)
             self.log_scale = nn.Parameter(torch.tensor(-0.5 * math.log(self.head_dim)))
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False, cls_only: bool = False):
-        """x [B, T, D] -> (output [B, T, D], weights [B, heads, T, T] or None).
-
-        cls_only: only the class token (token 0) asks; output [B, 1, D], weights [B, heads, 1, T].
-        """
+    def forward(self, x: torch.Tensor, output_attentions: bool = False, queries: int | None = None):
+        """x [B, T, D] -> (output [B, Q, D], weights [B, heads, Q, T] or None), where only the
+        first `queries` tokens ask (Q = queries; None: all, Q = T)."""
         batch, tokens, dim = x.shape
         qkv = self.to_qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, T, head_dim]
-        if cls_only:
-            q = q[:, :, :1]  # [B, heads, 1, head_dim]
+        q = q[:, :, :queries]  # [B, heads, Q, head_dim]
         queries = q.shape[2]
         if self.locality:
             q, scale = q * self.log_scale.exp(), 1.0
@@ -131,12 +135,12 @@ class Attention(nn.Module):
         mask = torch.eye(tokens, device=x.device)[:queries] == 0 if self.locality else None
         dropout = self.attention_dropout if self.training else 0.0
 
-        if need_weights:
-            scores = (q @ k.transpose(-2, -1)) * scale  # [B, heads, T, T]
+        if output_attentions:
+            scores = (q @ k.transpose(-2, -1)) * scale  # [B, heads, Q, T]
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             weights = scores.softmax(dim=-1)
-            out = F.dropout(weights, dropout, self.training) @ v  # [B, heads, T, head_dim]
+            out = F.dropout(weights, dropout, self.training) @ v  # [B, heads, Q, head_dim]
         else:
             weights = None
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
@@ -179,12 +183,11 @@ class Block(nn.Module):
         )
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False, cls_only: bool = False):
-        """x [B, T, D] -> [B, T, D]; with cls_only just the class token's output [B, 1, D]."""
-        attended, weights = self.attention(self.attention_norm(x), need_weights, cls_only)
-        if cls_only:
-            x = x[:, :1]
-        x = x + self.drop_path(attended)
+    def forward(self, x: torch.Tensor, output_attentions: bool = False, queries: int | None = None):
+        """x [B, T, D] -> ([B, Q, D], attention weights or None): the outputs of the first
+        `queries` tokens (None: all, Q = T)."""
+        attended, weights = self.attention(self.attention_norm(x), output_attentions, queries)
+        x = x[:, :queries] + self.drop_path(attended)
         x = x + self.drop_path(self.mlp(self.mlp_norm(x)))
         return x, weights
 
@@ -210,7 +213,7 @@ class VisionTransformer(nn.Module):
     preprocessing and labels); `config.json` in a saved model dir holds exactly those.
 
         model = VisionTransformer(**PRESETS["mnist"], labels=[str(d) for d in range(10)])
-        logits = model(pixel_values)                                 # [B, num_classes]
+        logits = model(pixel_values).logits                          # [B, num_classes]
         logits, attentions = model(pixel_values, output_attentions=True)
         # attentions: [depth, B, heads, T, T], post-softmax, T = 1 + patches
     """
@@ -291,9 +294,16 @@ class VisionTransformer(nn.Module):
         return grid.flatten(2).transpose(1, 2)  # [1, N, D]
 
     # Forward -----------------------------------------------------------------------
-    def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False):
-        """Logits [B, num_classes]; with output_attentions also the attention weights of
-        every block stacked as [depth, B, heads, T, T]."""
+    def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False) -> ViTOutput:
+        """ViTOutput: logits [B, num_classes], and with output_attentions the attention weights
+        of every block stacked as [depth, B, heads, T, T] (else None)."""
+        features, attentions = self.forward_features(pixel_values, output_attentions)
+        return ViTOutput(self.forward_head(features), attentions)
+
+    def forward_features(self, pixel_values: torch.Tensor,
+                         output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Images -> (tokens after the final LayerNorm [B, T, D], attentions or None). With
+        class-token pooling and no attentions asked for, only the class token [B, 1, D]."""
         self.check_input(pixel_values)
         grid_h = pixel_values.shape[-2] // self.config.patch_size[0]
         grid_w = pixel_values.shape[-1] // self.config.patch_size[1]
@@ -302,21 +312,19 @@ class VisionTransformer(nn.Module):
         cls = self.cls_token.expand(patches.shape[0], -1, -1)  # [B, 1, D]
         x = self.embedding_dropout(torch.cat([cls, patches], dim=1))  # [B, T, D]
 
-        # With class-token pooling nothing reads the patch tokens after the last block, so
-        # it computes the class token alone: its MLP runs on 1 token instead of T, its
-        # attention has 1 query instead of T. Same logits and gradients, about 12 % fewer
-        # FLOPs for the mnist preset (BENCHMARKS.md). Attention maps need every row: when
-        # they are asked for, the last block runs whole.
-        last_reads_cls_only = self.config.pooling == "cls" and not output_attentions
+        # With class-token pooling nothing reads the patch tokens after the last block, so it
+        # computes the class token alone: its MLP runs on 1 token instead of T, its attention
+        # has 1 query instead of T. Same logits and gradients, fewer FLOPs (BENCHMARKS.md,
+        # "Training throughput", Findings). Attention maps need every row: then it runs whole.
+        last_queries = 1 if self.config.pooling == "cls" and not output_attentions else None
         attentions = []
         for index, block in enumerate(self.blocks):
             is_last = index == len(self.blocks) - 1
-            x, weights = block(x, need_weights=output_attentions, cls_only=is_last and last_reads_cls_only)
+            x, weights = block(x, output_attentions, last_queries if is_last else None)
             attentions.append(weights)
+        return self.norm(x), torch.stack(attentions) if output_attentions else None
 
-        x = self.norm(x)
-        pooled = x[:, 0] if self.config.pooling == "cls" else x[:, 1:].mean(dim=1)  # [B, D]
-        logits = self.head(pooled)
-        if output_attentions:
-            return logits, torch.stack(attentions)  # [depth, B, heads, T, T]
-        return logits
+    def forward_head(self, features: torch.Tensor) -> torch.Tensor:
+        """Tokens [B, T, D] (or the class token alone) -> logits [B, num_classes]."""
+        pooled = features[:, 0] if self.config.pooling == "cls" else features[:, 1:].mean(dim=1)  # [B, D]
+        return self.head(pooled)

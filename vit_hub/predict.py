@@ -18,6 +18,6 @@ def predict_images(model: VisionTransformer, images: list[ImageInput], top_k: in
     results = []
     for start in range(0, len(images), batch_size):
         pixels = torch.from_numpy(preprocess_batch(images[start:start + batch_size], model.config))
-        probabilities = model(pixels.to(device)).softmax(dim=-1).cpu().numpy()
+        probabilities = model(pixels.to(device)).logits.softmax(dim=-1).cpu().numpy()
         results += rank_top_k(probabilities, model.config.labels, top_k)
     return results

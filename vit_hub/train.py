@@ -221,7 +221,7 @@ def evaluate(model: nn.Module, loader, device: torch.device, num_classes: int,
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for images, labels in tqdm(loader, desc="eval", leave=False, disable=not progress):
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        logits = model(images).float()
+        logits = model(images).logits.float()
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").double()
         confusion += torch.bincount(labels * num_classes + logits.argmax(1), minlength=num_classes**2).view(
             num_classes, num_classes
@@ -502,7 +502,7 @@ class Trainer:
         autocast = (torch.autocast(self.runtime.device.type, dtype=self.amp_dtype)
                     if self.amp_dtype else contextlib.nullcontext())
         with autocast:
-            logits = self.network(images)
+            logits = self.network(images).logits
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.settings.label_smoothing)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
