@@ -101,7 +101,7 @@ def accuracy(model, loader, device) -> float:
     right = total = 0
     with torch.inference_mode():
         for images, labels in loader:
-            predicted = model(images.to(device)).logits.argmax(1).cpu()
+            predicted = model(images.to(device)).argmax(1).cpu()
             right += int((predicted == labels).sum())
             total += len(labels)
     return right / max(1, total)
@@ -145,7 +145,7 @@ def train_resnet(data: str, out: Path, epochs: int, batch_size: int, image_size:
         model.train()
         for images, labels in train_loader:
             with autocast:
-                loss = F.cross_entropy(model(images.to(device)).logits.float(), labels.to(device), label_smoothing=0.1)
+                loss = F.cross_entropy(model(images.to(device)).float(), labels.to(device), label_smoothing=0.1)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
