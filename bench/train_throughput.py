@@ -97,7 +97,8 @@ class Stepper:
         self.optimizer.zero_grad(set_to_none=True)
         network = self.model if eager else self.network
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
-            logits = network(self.images).logits
+            output = network(self.images)
+            logits = getattr(output, "logits", output)  # vit_hub returns ViTOutput, timm a tensor
         loss = F.cross_entropy(logits.float(), self.labels, label_smoothing=0.1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
