@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: app test install install-dev browser
+.PHONY: app test test-fast install install-dev browser
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -35,3 +35,7 @@ app: install
 # beside pytest, OpenMP threads waiting on each other cost more than they give.
 test: install-dev browser
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+
+# The inner loop while editing: everything but the tests marked slow or browser (CI runs all).
+test-fast: install-dev
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not browser"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
@@ -216,19 +214,9 @@ def test_overlay_rejects_bad_arguments():
         overlay(image, np.zeros((1, 2, 2)))
 
 
-def export_api():
-    """The ONNX export API when the export package provides it, else None."""
-    if importlib.util.find_spec("export") is None:
-        return None
+def test_onnx_attentions_give_the_torch_map(tmp_path):
     import export
 
-    return export if hasattr(export, "export_onnx") and hasattr(export, "OnnxClassifier") else None
-
-
-def test_onnx_attentions_give_the_torch_map(tmp_path):
-    export = export_api()
-    if export is None:
-        pytest.skip("export.export_onnx / OnnxClassifier not available")
     model = tiny_model(image_size=16)
     model_dir = tmp_path / "tiny"
     model.save_pretrained(model_dir)
