@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -293,3 +294,19 @@ def test_the_app_tab_with_onnx_only_says_the_filters_need_the_weights(tmp_path):
                                          "which this backend does not have.")
     assert views.similarity is not None and views.distance.shape == (6, 4)
     assert set(views.images()) == set(app.INSIDE_TITLES)
+
+
+def test_figures_leave_pyplot_alone(tmp_path):
+    """Library figures are plain matplotlib Figures: importing and drawing them never loads
+    pyplot, whose global state and backend belong to the caller (a notebook keeps its own)."""
+    script = (
+        "import sys\n"
+        "from vit_hub import insight, plots\n"
+        f"plots.plot_curves([{{'epoch': 1, 'train_loss': 1.0, 'train_accuracy': 0.5}}], {str(tmp_path / 'c.png')!r})\n"
+        f"plots.plot_confusion_matrix([[2, 1], [0, 3]], ['a', 'b'], {str(tmp_path / 'm.png')!r})\n"
+        "insight.figure_image(insight._note_figure('t', 'n'))\n"
+        "assert 'matplotlib.pyplot' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Image.open(tmp_path / "c.png").size[0] > 0 and Image.open(tmp_path / "m.png").size[0] > 0

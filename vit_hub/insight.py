@@ -33,12 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
+from matplotlib.figure import Figure  # figures of their own: no pyplot state, no backend to choose
+from matplotlib.lines import Line2D
 import numpy as np  # noqa: E402
-from matplotlib import colormaps  # noqa: E402
+from matplotlib import colormaps
 from PIL import Image  # noqa: E402
 
 from .config import ViTConfig  # noqa: E402
@@ -367,7 +365,7 @@ class ModelViews:
                 "attention_distance": read_distances(self.distance, self.pooled_distance, self.config,
                                                      self.data_note)}
 
-    def figures(self) -> dict[str, plt.Figure]:
+    def figures(self) -> dict[str, Figure]:
         return {"patch_filters": plot_patch_filters(self.filters, self.config),
                 "position_similarity": plot_position_similarity(self.similarity, self.config, self.position_note),
                 "attention_distance": plot_attention_distance(self.distance, self.pooled_distance, self.config,
@@ -472,7 +470,7 @@ def read_distances(distance: np.ndarray | None, pooled: np.ndarray | None, confi
 
 
 # Figures -----------------------------------------------------------------------------------
-def plot_patch_filters(filters: PatchFilters, config: ViTConfig) -> plt.Figure:
+def plot_patch_filters(filters: PatchFilters, config: ViTConfig) -> Figure:
     """The principal components as small images (one per channel for RGB), share of variance above each."""
     if filters.components is None:
         return _note_figure("Patch-embedding filters", filters.note)
@@ -481,7 +479,8 @@ def plot_patch_filters(filters: PatchFilters, config: ViTConfig) -> plt.Figure:
     rows = math.ceil(count / columns)
     mosaic = _filter_mosaic(filters.components, columns)
     cell_h, cell_w = height + 4, channels * (width + 1) + 1
-    figure, axis = plt.subplots(figsize=(1.0 + 0.35 * columns * channels * width / 4, 1.0 + 0.45 * rows * height / 4))
+    figure = Figure(figsize=(1.0 + 0.35 * columns * channels * width / 4, 1.0 + 0.45 * rows * height / 4))
+    axis = figure.subplots()
     axis.imshow(mosaic, cmap=_diverging(), vmin=-1, vmax=1, interpolation="nearest")
     for index, share in enumerate(filters.variance):  # a label over each component
         row, column = divmod(index, columns)
@@ -509,7 +508,7 @@ def _filter_mosaic(components: np.ndarray, columns: int) -> np.ndarray:
     return cells.reshape(rows, columns, cell_h, cell_w).transpose(0, 2, 1, 3).reshape(rows * cell_h, columns * cell_w)
 
 
-def plot_position_similarity(similarity: np.ndarray | None, config: ViTConfig, note: str) -> plt.Figure:
+def plot_position_similarity(similarity: np.ndarray | None, config: ViTConfig, note: str) -> Figure:
     """One small heat map per patch position (at its place in the grid): its cosine similarity to every position."""
     if similarity is None:
         return _note_figure("Position-embedding similarity", note)
@@ -519,7 +518,8 @@ def plot_position_similarity(similarity: np.ndarray | None, config: ViTConfig, n
     mosaic = tiles.transpose(0, 2, 1, 3).reshape(grid_h * (grid_h + 1), grid_w * (grid_w + 1))[:-1, :-1]
     scale = min(6.0, max(3.0, 0.4 * max(grid_h, grid_w)))
     longer = max(grid_h, grid_w)
-    figure, axis = plt.subplots(figsize=(scale * grid_w / longer + 1.4, scale * grid_h / longer + 0.8))
+    figure = Figure(figsize=(scale * grid_w / longer + 1.4, scale * grid_h / longer + 0.8))
+    axis = figure.subplots()
     low = min(0.0, float(np.nanmin(mosaic)))  # sin-cos positions never go negative: use the range
     shown = axis.imshow(mosaic, cmap="viridis", vmin=low, vmax=1, interpolation="nearest")
     axis.set_xticks(np.arange(grid_w) * (grid_w + 1) + (grid_w - 1) / 2, np.arange(1, grid_w + 1), fontsize=7)
@@ -535,7 +535,7 @@ def plot_position_similarity(similarity: np.ndarray | None, config: ViTConfig, n
 
 
 def plot_attention_distance(distance: np.ndarray | None, pooled: np.ndarray | None, config: ViTConfig,
-                            data_note: str) -> plt.Figure:
+                            data_note: str) -> Figure:
     """Mean attention distance against depth, one dot per head: patch queries, and the pooled token's spread."""
     if distance is None:
         return _note_figure("Mean attention distance", data_note)
@@ -544,7 +544,8 @@ def plot_attention_distance(distance: np.ndarray | None, pooled: np.ndarray | No
     colours = np.broadcast_to(np.arange(heads)[None], (depth, heads))
     uniform = uniform_distance(config)
     top = 1.1 * max(float(distance.max()), float(pooled.max()), uniform)
-    figure, axes = plt.subplots(1, 2, figsize=(8.5, 3.6), sharey=True)
+    figure = Figure(figsize=(8.5, 3.6))
+    axes = figure.subplots(1, 2, sharey=True)
     panels = ((axes[0], distance, "patch queries: distance to the keys"),
               (axes[1], pooled, f"{pooled_token(config).split(' (')[0]}: spread of its attention"))
     for axis, values, title in panels:  # two panels
@@ -559,7 +560,7 @@ def plot_attention_distance(distance: np.ndarray | None, pooled: np.ndarray | No
     axes[0].set_ylabel("mean attention distance (pixels)")
     axes[0].legend(fontsize=7, loc="lower right")
     if heads <= 10:
-        handles = [plt.Line2D([], [], marker="o", linestyle="", color=points.cmap(points.norm(head)))
+        handles = [Line2D([], [], marker="o", linestyle="", color=points.cmap(points.norm(head)))
                    for head in range(heads)]  # legend entries
         axes[1].legend(handles, [f"head {h + 1}" for h in range(heads)], fontsize=7, loc="lower right", ncol=2)
     figure.suptitle(f"Mean attention distance per head ({data_note})", fontsize=9)
@@ -567,11 +568,12 @@ def plot_attention_distance(distance: np.ndarray | None, pooled: np.ndarray | No
     return figure
 
 
-def _note_figure(title: str, note: str) -> plt.Figure:
+def _note_figure(title: str, note: str) -> Figure:
     """A small figure that says why a view is not shown (instead of a fake one)."""
     import textwrap
 
-    figure, axis = plt.subplots(figsize=(6, 1.8))
+    figure = Figure(figsize=(6, 1.8))
+    axis = figure.subplots()
     axis.set_axis_off()
     axis.text(0.5, 0.5, f"{title}: not shown\n\n" + textwrap.fill(note, 80), ha="center", va="center", fontsize=8)
     return figure
@@ -581,12 +583,11 @@ def _diverging():
     return colormaps["RdBu_r"].with_extremes(bad="white")  # NaN gaps drawn white
 
 
-def save_figure(figure: plt.Figure, path: Path) -> None:
+def save_figure(figure: Figure, path: Path) -> None:
     figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
-def figure_image(figure: plt.Figure) -> Image.Image:
+def figure_image(figure: Figure) -> Image.Image:
     buffer = io.BytesIO()
     save_figure(figure, buffer)
     buffer.seek(0)

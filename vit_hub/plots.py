@@ -5,17 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure  # a figure of its own: no pyplot state, no backend to choose
 
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Loss and accuracy per epoch, train and validation side by side."""
     epochs = [record["epoch"] for record in history]
-    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    figure = Figure(figsize=(10, 4))
+    loss_axis, accuracy_axis = figure.subplots(1, 2)
     for split, style in (("train", "-o"), ("val", "-s")):
         if history and f"{split}_loss" in history[0]:
             loss_axis.plot(epochs, [r[f"{split}_loss"] for r in history], style, label=split, markersize=3)
@@ -27,7 +25,6 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
         axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
 
 
 def plot_confusion_matrix(confusion: list[list[int]], labels: list[str], path: Path, title: str = "") -> None:
@@ -35,7 +32,8 @@ def plot_confusion_matrix(confusion: list[list[int]], labels: list[str], path: P
     counts = np.asarray(confusion)
     shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     size = max(4.0, 0.45 * len(labels) + 2)
-    figure, axis = plt.subplots(figsize=(size, size))
+    figure = Figure(figsize=(size, size))
+    axis = figure.subplots()
     axis.imshow(shares, cmap="Blues", vmin=0, vmax=1)
     if len(labels) <= 30:
         ticks = np.arange(len(labels))
@@ -49,4 +47,3 @@ def plot_confusion_matrix(confusion: list[list[int]], labels: list[str], path: P
     axis.set_title(title)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
