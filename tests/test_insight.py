@@ -301,7 +301,7 @@ def test_figures_leave_pyplot_alone(tmp_path):
     pyplot, whose global state and backend belong to the caller (a notebook keeps its own)."""
     script = (
         "import sys\n"
-        "from vit_hub import insight, plots\n"
+        "from vit_hub import insight, plots, sweep\n"
         f"plots.plot_curves([{{'epoch': 1, 'train_loss': 1.0, 'train_accuracy': 0.5}}], {str(tmp_path / 'c.png')!r})\n"
         f"plots.plot_confusion_matrix([[2, 1], [0, 3]], ['a', 'b'], {str(tmp_path / 'm.png')!r})\n"
         "insight.figure_image(insight._note_figure('t', 'n'))\n"

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .plots import plt
+from matplotlib.figure import Figure
+
 from .train import CHECKPOINT, MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free, train
 
 TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
@@ -110,7 +111,8 @@ def _table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def _plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
-    figure, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.5), squeeze=False)
+    figure = Figure(figsize=(4.5 * len(results), 3.5))
+    axes = figure.subplots(1, len(results), squeeze=False)
     for axis, (name, rows) in zip(axes[0], results.items()):
         labels = [str(row["value"]) for row in rows]
         axis.plot(labels, [row["best_val_accuracy"] for row in rows], "-o")
@@ -119,4 +121,3 @@ def _plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
         axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
