@@ -6,6 +6,7 @@ Nothing here is autouse: every fixture is opt-in by name, so other test files ar
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,10 @@ def digit_on_paper(sample: Path, canvas=(480, 360), at=(60, 170), side=150, ligh
     if speck:
         paper[10:13, width - 14:width - 11] -= 120
     return Image.fromarray(np.clip(paper, 0, 255).astype(np.uint8)).convert("RGB")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, for a server a test starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import digit_on_paper
+from conftest import digit_on_paper, free_port
 from PIL import Image, ImageOps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,12 +31,6 @@ SAMPLES = sorted((ROOT / "samples").glob("mnist_test_*_label_*.png"))
 
 def label_of(path: Path) -> str:
     return re.search(r"_label_(\d+)\.png$", path.name).group(1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def drawn_digit(sample: Path, tmp_path: Path) -> Path:

@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_TRAIN_FLAGS, tiny_config, write_class_folders
+from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config, write_class_folders
 from PIL import Image, ImageFile
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -471,12 +471,6 @@ def test_a_save_that_fails_midway_leaves_the_previous_model_and_the_next_save_wo
 
 
 # The app's command line ---------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("argv, fragment", [
     (["--port", "99999"], "argument --port: expected a port number from 1 to 65535, got '99999'"),
     (["--port", "http"], "argument --port: expected a port number from 1 to 65535, got 'http'"),

@@ -9,12 +9,11 @@ leaves the tree clean).
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import digit_on_paper
+from conftest import digit_on_paper, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # app.py lives at the top level, outside the package
@@ -36,12 +35,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium: apt-get install -y chromium"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import free_port
 from huggingface_hub import ModelCard, constants
 from PIL import Image
 
@@ -66,12 +67,6 @@ def make_model_dir(path: Path, seed: int = 0) -> Path:
 def logits_of(model: VisionTransformer) -> list:
     with torch.no_grad():
         return model(PIXELS).logits.tolist()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def assert_token_absent(texts: list[str], folders: list[Path]) -> None:

@@ -18,7 +18,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_TRAIN_FLAGS, tiny_config, write_class_folders
+from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config, write_class_folders
 from markdown_it import MarkdownIt
 from PIL import Image
 
@@ -89,12 +88,6 @@ def run_block(text: str, env: dict[str, str] | None = None, timeout: int = 300) 
     assert done.returncode == 0, f"exit {done.returncode}\n{text}\n--- stdout\n{done.stdout[-3000:]}\n" \
                                  f"--- stderr\n{done.stderr[-3000:]}"
     return done
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # Fixtures -------------------------------------------------------------------------------------
