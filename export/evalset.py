@@ -29,7 +29,8 @@ def load_eval_set(data: str, config: ViTConfig, data_root: str | None = None) ->
     splits = vdata.load_splits(data, data_root)
     name = "test" if splits.test is not None else "val"
     dataset = vdata.Transformed(splits.split(name), vdata.EvalTransform(config))
-    return EvalSet(dataset, splits.labels, f"{splits.source}, {name} split")
+    skipped = f", {len(splits.skipped)} unreadable files skipped" if splits.skipped else ""
+    return EvalSet(dataset, splits.labels, f"{splits.source}, {name} split{skipped}")
 
 
 def check_labels(eval_set: EvalSet, config: ViTConfig) -> None:

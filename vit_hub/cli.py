@@ -190,6 +190,8 @@ def run_eval(args: argparse.Namespace) -> None:
 
     model = load_model(args.model)
     splits = vdata.load_splits(args.data, args.data_root, args.val_split, args.seed)
+    if splits.skipped:  # stderr: stdout carries the JSON line scripts parse
+        print(splits.skipped_report(), file=sys.stderr)
     if splits.labels != model.config.labels:
         raise ValueError(f"the data's labels {splits.labels[:10]} do not match the model's {model.config.labels[:10]}")
     split = args.split or ("test" if splits.test is not None else "val")

@@ -17,7 +17,6 @@ import dataclasses
 import gzip
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,6 +61,13 @@ class DataSplits:
     labels: list[str]
     source: str
     skipped: list[str] = dataclasses.field(default_factory=list)
+
+    def skipped_report(self) -> str | None:
+        """The unreadable files left out, as lines for stderr (the caller prints them), or None."""
+        if not self.skipped:
+            return None
+        return "\n".join([f"skipped {len(self.skipped)} unreadable image(s) (use --strict to fail instead):",
+                          *(f"  {path}" for path in self.skipped)])
 
     def split(self, name: str) -> Dataset:
         dataset = getattr(self, name, None) if name in ("train", "val", "test") else None
@@ -201,12 +207,6 @@ def _image_folder(root: Path, strict: bool) -> DataSplits:
             val = _checked_folder(root / "val", checker, train.classes)
         if (root / "test").is_dir():
             test = _checked_folder(root / "test", checker, train.classes)
-    if checker.unreadable:
-        # On stderr: stdout carries results (eval's JSON line) that scripts parse.
-        print(f"skipped {len(checker.unreadable)} unreadable image(s) (use --strict to fail instead):",
-              file=sys.stderr)
-        for path in checker.unreadable:
-            print(f"  {path}", file=sys.stderr)
     return DataSplits(train, val, test, list(train.classes), str(root), checker.unreadable)
 
 

@@ -322,6 +322,8 @@ class Trainer:
         self.runtime = start_runtime(settings.device)
         self.splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split,
                                         settings.seed, settings.strict)
+        if self.runtime.is_main and self.splits.skipped:  # stderr: stdout carries the result lines
+            print(self.splits.skipped_report(), file=sys.stderr)
         self.data_stats = None if resume or settings.preset else vdata.describe_images(self.splits.train, settings.seed)
         self.config = ViTConfig.from_dict(state["config"]) if resume else build_config(settings, self.splits,
                                                                                         self.data_stats)
