@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config, write_class_folders
+from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config
 from markdown_it import MarkdownIt
 from PIL import Image
 
@@ -105,13 +105,10 @@ def repo_files_unchanged():
     assert _snapshot(folders) == before, "a README block changed files under models/ or samples/"
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """`path/to/folder`: a folder of two classes of generated photos (train/ and test/)."""
-    root = tmp_path_factory.mktemp("readme_folder")
-    write_class_folders(root / "train", per_class=12, seed=1)
-    write_class_folders(root / "test", per_class=4, seed=2, start=100)
-    return root
+@pytest.fixture
+def folder(split_image_folder) -> Path:
+    """`path/to/folder`: conftest's folder of two classes of generated photos (train/ and test/)."""
+    return split_image_folder
 
 
 def _mnist_digits(name: str, per_class: int) -> list[tuple[np.ndarray, int]]:
