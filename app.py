@@ -477,12 +477,19 @@ def check_can_listen(host: str, port: int) -> None:
                          f"listen on, got {error.strerror or error}") from None
 
 
+_sigterm_received = False
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM (a service manager, `kill`) exits like Ctrl-C does, so exit handlers run and
     a temporary export folder is removed. A second SIGTERM during that shutdown (`kill` of
-    the whole process group reaches the app twice through make) is ignored, not raised
-    inside Python's own thread shutdown."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    the whole process group reaches the app twice through make) returns here and is
+    dropped: the handler stays installed, because swapping in SIG_IGN while a signal is
+    pending makes Python print a "race condition" traceback."""
+    global _sigterm_received
+    if _sigterm_received:
+        return
+    _sigterm_received = True
     sys.exit(128 + signum)
 
 
