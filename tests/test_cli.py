@@ -323,3 +323,43 @@ def test_ctrl_c_exits_130_without_traceback(monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "info", interrupt)
     code, _, stderr = run_main(["info", "--preset", "mnist"])
     assert code == 130 and "Traceback" not in stderr
+
+
+def test_train_flags_are_generated_from_the_dataclasses():
+    """One flag per settable ViTConfig field and per TrainSettings field, each with help; a
+    run with no flags gets exactly the dataclass defaults, and a flag reaches its field."""
+    import dataclasses
+
+    from vit_hub.config import ViTConfig
+    from vit_hub.train import MODEL_FIELDS, TrainSettings
+
+    parser = cli.build_parser()
+    train_parser = parser._subparsers._group_actions[0].choices["train"]
+    helps = {action.dest: action.help for action in train_parser._actions}
+    expected = set(MODEL_FIELDS) | {field.name for field in dataclasses.fields(TrainSettings)} - {"model", "command"}
+    assert expected <= set(helps)
+    assert all(helps[name] for name in expected), [name for name in expected if not helps[name]]
+    assert "(training measures them on the training split unless given)" in helps["mean"]  # continued docstring line
+    assert set(MODEL_FIELDS) == {field.name for field in dataclasses.fields(ViTConfig)} - {"num_classes", "labels"}
+
+    defaults = cli._settings(parser.parse_args(["train", "--data", "mnist", "--out", "o"]))
+    assert defaults == TrainSettings(data="mnist", out="o", command=defaults.command)
+    given = cli._settings(parser.parse_args(["train", "--data", "mnist", "--out", "o", "--workers", "3", "--no-strict",
+                                             "--patch-size", "4x8", "--mean", "0.1,0.2,0.3", "--no-qkv-bias"]))
+    assert (given.num_workers, given.strict) == (3, False)
+    assert given.model == {"patch_size": [4, 8], "mean": [0.1, 0.2, 0.3], "qkv_bias": False}
+
+
+def test_a_field_without_a_command_line_type_is_refused_by_name():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Odd:
+        """Args:
+            shape: a tuple.
+        """
+
+        shape: tuple = ()
+
+    with pytest.raises(TypeError, match=r"Odd.shape: no command-line type for the annotation 'tuple'"):
+        cli.add_field_flags(cli.OneLineErrorParser(), Odd, ("shape",), show_defaults=False)

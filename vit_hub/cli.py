@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
-from .config import CANONICALIZATIONS, PATCH_EMBEDDINGS, PIXEL_NORMS, PRESETS
+from .config import PRESETS, ViTConfig
 from .hub_cli import add_hub_commands, run_pull, run_push
 
 # Errors a user can cause; they are printed as one line, never as a traceback.
@@ -42,54 +45,60 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def _add_model_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model (override the preset or the choice made from the data)")
-    group.add_argument("--preset", choices=sorted(PRESETS), help="architecture preset")
-    group.add_argument("--image-size", type=_size, help="input size, e.g. 28 or 32x48")
-    group.add_argument("--patch-size", type=_size)
-    group.add_argument("--in-channels", type=int, choices=(1, 3))
-    group.add_argument("--embed-dim", type=int)
-    group.add_argument("--depth", type=int)
-    group.add_argument("--num-heads", type=int)
-    group.add_argument("--mlp-ratio", type=float)
-    group.add_argument("--dropout", type=float)
-    group.add_argument("--attention-dropout", type=float)
-    group.add_argument("--drop-path", type=float, help="stochastic depth rate of the last block")
-    group.add_argument("--pos-embedding", choices=("learned", "sincos"))
-    group.add_argument("--pooling", choices=("cls", "mean"))
-    group.add_argument("--patch-embedding", choices=PATCH_EMBEDDINGS,
-                       help="shifted = shifted patch tokenization, convstem = early convolutions (small data)")
-    group.add_argument("--locality-attention", action=argparse.BooleanOptionalAction, default=None,
-                       help="locality self-attention (small data)")
-    group.add_argument("--pixel-norm", choices=PIXEL_NORMS,
-                       help="normalise by the training split's mean/std (dataset) or each image's own (image)")
-    group.add_argument("--canonicalize", choices=CANONICALIZATIONS,
-                       help="bring every input into the training images' frame first (digit: like MNIST)")
-    group.add_argument("--mean", type=_floats, help="per-channel mean (default: computed on the training split)")
-    group.add_argument("--std", type=_floats, help="per-channel std (default: computed on the training split)")
+# Argument type of a dataclass field, by its annotation (a string under `from __future__ import annotations`).
+FLAG_TYPES = {
+    "int": int, "int | None": int, "float": float, "float | None": float, "str": str, "str | None": str,
+    "int | list[int]": _size, "float | list[float] | None": _floats,
+}
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Each field's description, read from the `Args:` section of the class docstring
+    (a line `name: text` or `name, other: text`, continued on more-indented lines)."""
+    helps: dict[str, str] = {}
+    names: list[str] = []
+    for line in inspect.cleandoc(cls.__doc__ or "").partition("Args:")[2].splitlines():
+        entry = re.fullmatch(r" {4}(\w+(?:, \w+)*): (.*)", line)
+        if entry:
+            names = entry[1].split(", ")
+            helps.update(dict.fromkeys(names, entry[2]))
+        elif line.startswith(" " * 8):
+            helps.update({name: f"{helps[name]} {line.strip()}" for name in names})
+    return helps
+
+
+def add_field_flags(group, cls: type, names: tuple[str, ...], show_defaults: bool) -> None:
+    """One `--flag-name` per dataclass field in `names`: type from the annotation, choices
+    from `one_of`, help from the docstring. Every flag defaults to None (not given), so
+    the dataclass keeps the one copy of each default (shown in --help with `show_defaults`)."""
+    helps = field_help(cls)
+    for field in dataclasses.fields(cls):
+        if field.name not in names:
+            continue
+        flag = field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+        text = helps.get(field.name, "").rstrip(".").replace("%", "%%")
+        if show_defaults and field.default not in (None, dataclasses.MISSING, ""):
+            text += f" (default: {field.default})"
+        options = dict(dest=field.name, default=None, help=text, choices=field.metadata.get("choices"))
+        if field.type != "bool":
+            options["metavar"] = None if options["choices"] else flag.lstrip("-").upper().replace("-", "_")
+        if field.type == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
+        elif field.type in FLAG_TYPES:
+            group.add_argument(flag, type=FLAG_TYPES[field.type], **options)
+        else:
+            raise TypeError(f"{cls.__name__}.{field.name}: no command-line type for the annotation {field.type!r}")
 
 
 def _add_training_flags(parser: argparse.ArgumentParser, data_required: bool = True) -> None:
-    parser.add_argument("--data", required=data_required,
-                        help="image folder, 'mnist' (bundled) or a torchvision name")
-    parser.add_argument("--data-root", help="where torchvision datasets' files are (default: ./data)")
-    parser.add_argument("--epochs", type=int, help="default: about 200k samples seen, 10 to 200 epochs")
-    parser.add_argument("--batch-size", type=int,
-                        help="global batch size (all processes); default 128, smaller on small data (about 10 steps an epoch)")
-    parser.add_argument("--lr", type=float, help="peak learning rate (default 1e-3, mnist preset 2e-3, x sqrt(batch/128))")
-    parser.add_argument("--weight-decay", type=float, default=0.05)
-    parser.add_argument("--warmup-epochs", type=float, help="default: 5%% of the epochs")
-    parser.add_argument("--label-smoothing", type=float, default=0.1)
-    parser.add_argument("--grad-clip", type=float, default=1.0)
-    parser.add_argument("--augment", default="auto", choices=("auto", "digits", "photos", "none"))
-    parser.add_argument("--val-split", type=float, default=0.1,
-                        help="share of training images held out when the data has no val split")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, help="DataLoader workers (default: half the cores)")
-    parser.add_argument("--strict", action="store_true", help="fail on an unreadable image instead of skipping it")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda")
-    _add_model_flags(parser)
+    from .train import MODEL_FIELDS, TrainSettings
+
+    parser.add_argument("--data", required=data_required, help=field_help(TrainSettings)["data"])
+    training = tuple(field.name for field in dataclasses.fields(TrainSettings)
+                     if field.name not in ("data", "out", "model", "command"))
+    add_field_flags(parser, TrainSettings, training, show_defaults=True)
+    group = parser.add_argument_group("model (override the preset or the choice made from the data)")
+    add_field_flags(group, ViTConfig, MODEL_FIELDS, show_defaults=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,18 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace):
+    """TrainSettings from the flags that were given; the dataclass supplies the rest."""
     from .train import MODEL_FIELDS, TrainSettings, command_line
 
-    model = {field: getattr(args, field, None) for field in MODEL_FIELDS}
-    return TrainSettings(
-        data=args.data, out=args.out, data_root=args.data_root, preset=args.preset,
-        model={k: v for k, v in model.items() if v is not None}, epochs=args.epochs,
-        batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_epochs=args.warmup_epochs, label_smoothing=args.label_smoothing, grad_clip=args.grad_clip,
-        augment=args.augment, val_split=args.val_split, seed=args.seed, num_workers=args.workers,
-        strict=args.strict, compile=args.compile, device=args.device,
-        command=command_line(getattr(args, "argv", None)),
-    )
+    def given(names) -> dict:
+        return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+    training = [field.name for field in dataclasses.fields(TrainSettings) if field.name not in ("model", "command")]
+    return TrainSettings(**given(training), model=given(MODEL_FIELDS), command=command_line(getattr(args, "argv", None)))
 
 
 def run_train(args: argparse.Namespace) -> None:

@@ -21,6 +21,8 @@ POOLINGS = ("cls", "mean")
 PATCH_EMBEDDINGS = ("conv", "shifted", "convstem")
 CANONICALIZATIONS = ("none", "digit")  # how inputs are brought to the training domain (canonical.py)
 PIXEL_NORMS = ("dataset", "image")  # normalise by the training set's mean/std, or each image's own
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")  # PIL's resampling filters
+CHANNELS = (1, 3)  # grayscale or RGB
 
 # Architecture presets. Any field given explicitly overrides the preset.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -88,10 +90,19 @@ def _floats(value: Any, name: str, length: int) -> list[float]:
     return values
 
 
-def _choice(value: str, name: str, options: tuple[str, ...]) -> str:
-    if value not in options:
-        raise ValueError(f"{name}: expected one of {', '.join(options)}, got {value!r}")
-    return value
+def one_of(default: Any, choices: tuple) -> Any:
+    """A dataclass field that only takes one of `choices` (checked by `check_choices`, and
+    offered as the choices of its command-line flag)."""
+    return dataclasses.field(default=default, metadata={"choices": choices})
+
+
+def check_choices(instance: Any) -> None:
+    """Raise ValueError for any `one_of` field of a dataclass holding a value not offered."""
+    for field in dataclasses.fields(instance):
+        choices = field.metadata.get("choices")
+        value = getattr(instance, field.name)
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"{field.name}: expected one of {', '.join(map(str, choices))}, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -102,7 +113,8 @@ class ViTConfig:
         image_size: input height and width in pixels (an int means square).
         patch_size: patch height and width; must divide image_size.
         in_channels: 1 for grayscale, 3 for RGB. Images are converted to this.
-        num_classes: number of outputs; taken from `labels` when those are given.
+        num_classes: number of outputs; taken from `labels` when those are given. 0 (no labels):
+            no head, the model returns its pooled features (a backbone imported to fine-tune from).
         embed_dim: token width D.
         depth: number of transformer blocks.
         num_heads: attention heads per block; must divide embed_dim.
@@ -117,18 +129,27 @@ class ViTConfig:
             (early convolutions); the last two are for small data.
         locality_attention: learnable temperature and no self-token attention (LSA, small data).
         layer_norm_eps: epsilon of every LayerNorm.
-        mean, std: per-channel normalisation applied after scaling pixels to [0, 1].
+        mean, std: per-channel normalisation applied after scaling pixels to [0, 1]
+            (training measures them on the training split unless given).
         pixel_norm: "dataset" (mean and std above) or "image" (each image's own mean and std
             per channel, which removes colour casts and exposure differences).
         labels: class names, index i is output i.
         canonicalize: how any input is first brought into the training images' domain:
             "none", or "digit" (light ink on black, cropped, scaled and centred like MNIST;
             see vit_hub/canonical.py).
+        class_token_position: the class token gets a learned position embedding of its own, as
+            in the ViT paper, timm and transformers (models imported from them); vit_hub's own
+            models add positions to the patch tokens only.
+        pre_logits: width of a tanh layer between pooling and head (the ViT paper's
+            "representation" layer for ImageNet-21k pre-training, transformers' ViTModel
+            pooler); 0: none.
+        interpolation: the resampling filter that resizes images to image_size (PIL's names;
+            timm's ViTs were trained with bicubic).
     """
 
-    image_size: Any = 224
-    patch_size: Any = 16
-    in_channels: int = 3
+    image_size: int | list[int] = 224
+    patch_size: int | list[int] = 16
+    in_channels: int = one_of(3, CHANNELS)
     num_classes: int | None = None
     embed_dim: int = 768
     depth: int = 12
@@ -138,16 +159,19 @@ class ViTConfig:
     dropout: float = 0.0
     attention_dropout: float = 0.0
     drop_path: float = 0.0
-    pos_embedding: str = "learned"
-    pooling: str = "cls"
-    patch_embedding: str = "conv"
+    pos_embedding: str = one_of("learned", POS_EMBEDDINGS)
+    pooling: str = one_of("cls", POOLINGS)
+    patch_embedding: str = one_of("conv", PATCH_EMBEDDINGS)
     locality_attention: bool = False
     layer_norm_eps: float = 1e-6
-    mean: Any = None
-    std: Any = None
+    mean: float | list[float] | None = None
+    std: float | list[float] | None = None
     labels: list[str] | None = None
-    canonicalize: str = "none"
-    pixel_norm: str = "dataset"
+    canonicalize: str = one_of("none", CANONICALIZATIONS)
+    pixel_norm: str = one_of("dataset", PIXEL_NORMS)
+    class_token_position: bool = False
+    pre_logits: int = 0
+    interpolation: str = one_of("bilinear", INTERPOLATIONS)
 
     def __post_init__(self) -> None:
         self.image_size = _pair(self.image_size, "image_size")
@@ -156,8 +180,7 @@ class ViTConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
-        if self.in_channels not in (1, 3):
-            raise ValueError(f"in_channels: expected 1 (grayscale) or 3 (RGB), got {self.in_channels}")
+        check_choices(self)
         for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
             if size % patch:
                 raise ValueError(
@@ -167,14 +190,9 @@ class ViTConfig:
             raise ValueError(
                 f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
             )
-        self.pos_embedding = _choice(self.pos_embedding, "pos_embedding", POS_EMBEDDINGS)
-        self.pooling = _choice(self.pooling, "pooling", POOLINGS)
-        self.patch_embedding = _choice(self.patch_embedding, "patch_embedding", PATCH_EMBEDDINGS)
         if self.patch_embedding == "convstem" and any(side & (side - 1) for side in self.patch_size):
             raise ValueError(f"patch_embedding convstem: expected patch sides that are powers of two "
                              f"(each convolution halves the image), got patch_size {self.patch_size}")
-        self.canonicalize = _choice(self.canonicalize, "canonicalize", CANONICALIZATIONS)
-        self.pixel_norm = _choice(self.pixel_norm, "pixel_norm", PIXEL_NORMS)
         self._resolve_labels()
         self.mean = _floats(0.5 if self.mean is None else self.mean, "mean", self.in_channels)
         self.std = _floats(0.5 if self.std is None else self.std, "std", self.in_channels)
@@ -190,6 +208,8 @@ class ViTConfig:
             setattr(self, name, value)
         if not 0.0 < self.layer_norm_eps < 1.0:
             raise ValueError(f"layer_norm_eps: expected a small positive number, got {self.layer_norm_eps}")
+        if not isinstance(self.pre_logits, int) or isinstance(self.pre_logits, bool) or self.pre_logits < 0:
+            raise ValueError(f"pre_logits: expected a width >= 0 (0: no pre-logits layer), got {self.pre_logits!r}")
 
     def _resolve_labels(self) -> None:
         if self.labels is not None:
@@ -201,8 +221,8 @@ class ViTConfig:
             self.num_classes = len(self.labels)
         if self.num_classes is None:
             self.num_classes = 1000
-        if not isinstance(self.num_classes, int) or self.num_classes < 1:
-            raise ValueError(f"num_classes: expected a positive int, got {self.num_classes!r}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 0:
+            raise ValueError(f"num_classes: expected a positive int (0: features only), got {self.num_classes!r}")
         if self.labels is None:
             self.labels = [str(i) for i in range(self.num_classes)]
 
@@ -220,6 +240,13 @@ class ViTConfig:
     def num_tokens(self) -> int:
         """Sequence length T: the class token plus one token per patch."""
         return 1 + self.num_patches
+
+    def check_has_head(self, what: str) -> None:
+        """A features-only model (num_classes 0, e.g. an imported ViTModel) ranks no labels:
+        `what` (predict, the app, ...) fails with one line saying what to do instead."""
+        if self.num_classes == 0:
+            raise ValueError(f"{what}: expected a classifier, found a model without a head (features only, "
+                             f"num_classes 0); fine-tune one from it: vit-hub train --init MODEL --data FOLDER")
 
     # Serialisation ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from . import data as vdata
 from .card import write_model_card
-from .config import DEFAULT_LEARNING_RATE, PRESET_LEARNING_RATES, PRESETS, ViTConfig, suggest_for_data
+from .config import DEFAULT_LEARNING_RATE, PRESET_LEARNING_RATES, PRESETS, ViTConfig, one_of, suggest_for_data
 from .insight import views_after_training
 from .plots import plot_confusion_matrix, plot_curves
 from .pretrained import VisionTransformer
@@ -49,33 +49,55 @@ MAX_WORKERS = 64  # DataLoader processes; far more only hangs the machine starti
 DEFAULT_BATCH_SIZE = 128
 MIN_DEFAULT_BATCH_SIZE = 32  # the default never goes below this unless the data is tiny
 SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported as a likely shift
-MODEL_FIELDS = (
-    "image_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "dropout",
-    "attention_dropout", "drop_path", "pos_embedding", "pooling", "patch_embedding",
-    "locality_attention", "in_channels", "mean", "std", "pixel_norm", "canonicalize",
-)
+# The ViTConfig fields a run may set (flags, sweeps); the data decides the rest (its labels).
+MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig) if field.name not in ("num_classes", "labels"))
 
 
 @dataclasses.dataclass
 class TrainSettings:
-    """Everything a run depends on; saved in the checkpoint so `--resume` replays it."""
+    """Everything a run depends on; saved in the checkpoint so `--resume` replays it.
+    `vit-hub train` has one flag per field (cli.py builds them from this class).
+
+    Args:
+        data: image folder, 'mnist' (bundled) or a torchvision name.
+        out: model dir to write.
+        data_root: where torchvision datasets' files are (default: ./data).
+        preset: architecture preset; default: chosen from the data.
+        model: overrides of the ViTConfig fields in MODEL_FIELDS (the preset's or the data's choice).
+        epochs: default: about 200k samples seen, 10 to 200 epochs.
+        batch_size: global batch size (all processes); default 128, smaller on small data
+            (about 10 steps an epoch).
+        lr: peak learning rate; default 1e-3 (mnist preset 2e-3) x sqrt(batch_size / 128).
+        weight_decay: AdamW weight decay.
+        warmup_epochs: linear warmup before the cosine decay; default 5 % of the epochs.
+        label_smoothing: share of each target spread over the other classes.
+        grad_clip: max global gradient norm.
+        augment: training augmentation; auto: digits for digit data, photos for larger images.
+        val_split: share of training images held out when the data has no val split.
+        seed: seeds the split, the initial weights and every augmentation.
+        num_workers: DataLoader workers; default: half the cores.
+        strict: fail on an unreadable image instead of skipping it.
+        compile: torch.compile the model.
+        device: auto, cpu, cuda or cuda:N.
+        command: the command line that started the run (for the model card).
+    """
 
     data: str
     out: str
     data_root: str | None = None
-    preset: str | None = None
-    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # overrides of MODEL_FIELDS
-    epochs: int | None = None  # None: chosen from the dataset size
-    batch_size: int | None = None  # global, across all processes; None: chosen from the data size
-    lr: float | None = None  # None: 1e-3 (mnist preset: 2e-3) x sqrt(batch_size / 128)
+    preset: str | None = one_of(None, tuple(PRESETS))
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
     weight_decay: float = 0.05
-    warmup_epochs: float | None = None  # None: 5 % of the run
+    warmup_epochs: float | None = None
     label_smoothing: float = 0.1
     grad_clip: float = 1.0
-    augment: str = "auto"
+    augment: str = one_of("auto", vdata.AUGMENTATIONS)
     val_split: float = 0.1
     seed: int = 0
-    num_workers: int | None = None
+    num_workers: int | None = dataclasses.field(default=None, metadata={"flag": "--workers"})
     strict: bool = False
     compile: bool = False
     device: str = "auto"
