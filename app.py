@@ -118,7 +118,7 @@ class OnnxPredictor:
     """ONNX Runtime on the model's `model_attentions.onnx` graph (torch-free at run time)."""
 
     def __init__(self, classifier: Any):
-        if not classifier.has_attentions:
+        if not classifier.can_output_attentions:
             raise ValueError(f"{classifier.model_path} has no attentions graph; export with --attentions")
         self.classifier = classifier
         self.config = classifier.config
@@ -136,7 +136,7 @@ class OnnxPredictor:
                                              threads=threads))
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        logits, attentions = self.classifier.run(pixels, attentions=True)
+        logits, attentions = self.classifier.run(pixels, output_attentions=True)
         return softmax(logits), attentions
 
     def weights(self) -> dict[str, np.ndarray] | None:

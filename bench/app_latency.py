@@ -165,7 +165,7 @@ def main() -> None:
             if backend == "onnx":  # export once here, so the server and this process share it
                 from export import export_onnx
 
-                export_onnx(args.model, onnx_dir, attentions=True)
+                export_onnx(args.model, onnx_dir, output_attentions=True)
                 model = onnx_dir
             rows.append(bench_backend(model, backend, args, samples))
     print(f"{args.requests} requests at concurrency {args.concurrency} through gradio_client, "

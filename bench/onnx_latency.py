@@ -66,7 +66,7 @@ def load(reference: str | None) -> tuple[str, VisionTransformer]:
 
 def export_all(model: VisionTransformer, folder: Path, args: argparse.Namespace) -> dict[str, Path]:
     """TorchScript logits + attentions + int8 graphs, and the dynamo logits graph."""
-    torchscript = export_onnx(model, folder / "torchscript" / "model.onnx", attentions=True, quantize="int8",
+    torchscript = export_onnx(model, folder / "torchscript" / "model.onnx", output_attentions=True, quantize="int8",
                               calib_data=args.calib_data, eval_limit=args.eval_limit)
     dynamo = export_onnx(model, folder / "dynamo" / "model.onnx", exporter="dynamo")
     layout = ExportLayout.for_model(torchscript)
@@ -88,7 +88,7 @@ def contenders(model: VisionTransformer, paths: dict[str, Path], pixels: np.ndar
 
     calls = {"torch eager": torch_eager}
     calls.update({f"ort {name}": (lambda s=session: s.run(pixels)) for name, session in sessions.items()})
-    calls["ort torchscript +attentions"] = lambda: attentions.run(pixels, attentions=True)
+    calls["ort torchscript +attentions"] = lambda: attentions.run(pixels, output_attentions=True)
     calls["ort attentions graph, logits"] = lambda: combined.run(pixels)  # fetching logits only
     return calls
 

@@ -1,6 +1,6 @@
 """export: vit_hub models as ONNX graphs, run with ONNX Runtime.
 
-    python -m export --model models/vit-mnist --out models/vit-mnist/model.onnx --attentions
+    python -m export --model models/vit-mnist --out models/vit-mnist/model.onnx --output-attentions
 
     from export import OnnxClassifier          # torch-free
     classifier = OnnxClassifier("models/vit-mnist/model.onnx")

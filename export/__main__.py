@@ -1,4 +1,4 @@
-"""`python -m export --model DIR|REPO_ID --out PATH [--opset N] [--attentions]
+"""`python -m export --model DIR|REPO_ID --out PATH [--opset N] [--output-attentions]
 [--quantize int8] [--calib-data D]`: export, verify, report. Thin: parse, call, print."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="model dir (config.json + model.safetensors) or Hub repo id")
     parser.add_argument("--out", required=True, help="folder (gets model.onnx) or a path ending in .onnx")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})")
-    parser.add_argument("--attentions", action="store_true",
+    parser.add_argument("--output-attentions", action="store_true",
                         help="also write <stem>_attentions.onnx with an attentions output (for rollout)")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, help="also write <stem>_int8.onnx (dynamic quantization)")
     parser.add_argument("--calib-data", metavar="D",
@@ -60,7 +60,7 @@ def summary(report: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        path = export_onnx(args.model, args.out, opset=args.opset, attentions=args.attentions,
+        path = export_onnx(args.model, args.out, opset=args.opset, output_attentions=args.output_attentions,
                            exporter=args.exporter, quantize=args.quantize, calib_data=args.calib_data,
                            data_root=args.data_root, eval_limit=args.eval_limit)
     except KeyboardInterrupt:

@@ -3,7 +3,7 @@
 Two graphs can be written from the same model:
   * logits only: `pixel_values [batch, C, H, W] -> logits [batch, classes]`, traced through
     the fused attention path, so a classifier never pays for attention weights;
-  * with attentions: `-> logits, attentions [depth, batch, heads, T, T]` for rollout.
+  * with output_attentions: `-> logits, attentions [depth, batch, heads, T, T]` for rollout.
 
 Exporters (chosen explicitly; see BENCHMARKS.md for the numbers behind the default):
   * "torchscript" (`dynamo=False`, the default here): its graph ran faster in ONNX Runtime
@@ -62,15 +62,15 @@ def _check_size(model: nn.Module) -> None:
         )
 
 
-def write_graph(model: nn.Module, path: Path, *, attentions: bool, opset: int = DEFAULT_OPSET,
+def write_graph(model: nn.Module, path: Path, *, output_attentions: bool, opset: int = DEFAULT_OPSET,
                 exporter: str = DEFAULT_EXPORTER) -> Path:
     """Export `model` (put in eval mode) to `path`; returns `path`."""
     check_export_options(exporter, opset)
     _check_size(model)
     model.eval()
     config = model.config
-    module = GraphOutputs(model, output_attentions=attentions).eval()
-    outputs = [LOGITS, ATTENTIONS] if attentions else [LOGITS]
+    module = GraphOutputs(model, output_attentions=output_attentions).eval()
+    outputs = [LOGITS, ATTENTIONS] if output_attentions else [LOGITS]
     # Batch 2, not 1: torch.export would specialise a batch of 1 into a constant.
     example = torch.zeros(2, config.in_channels, *config.image_size)  # [2, C, H, W]
     path.parent.mkdir(parents=True, exist_ok=True)

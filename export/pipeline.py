@@ -1,6 +1,6 @@
 """`export_onnx`: model dir or Hub repo id -> verified ONNX graphs, config and report.
 
-    export_onnx("models/vit-mnist", "models/vit-mnist/model.onnx", attentions=True)
+    export_onnx("models/vit-mnist", "models/vit-mnist/model.onnx", output_attentions=True)
 
 writes (see `layout.py`) the logits graph, optionally the attentions graph and an int8
 graph, the `config.json` a consumer needs (preprocessing and labels) and an export report.
@@ -68,7 +68,7 @@ def _remove_stale(*paths: Path) -> None:
 
 
 def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = DEFAULT_OPSET,
-                attentions: bool = False, exporter: str = DEFAULT_EXPORTER, quantize: str | None = None,
+                output_attentions: bool = False, exporter: str = DEFAULT_EXPORTER, quantize: str | None = None,
                 calib_data: str | None = None, data_root: str | None = None,
                 eval_limit: int | None = None) -> Path:
     """Export, verify and report; returns the path of the logits graph.
@@ -77,7 +77,7 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
         model: a model dir, a Hub repo id, or a loaded VisionTransformer.
         out: a folder (gets model.onnx) or a path ending in .onnx.
         opset: ONNX opset to write (checked in the written file).
-        attentions: also write `<stem>_attentions.onnx` with an `attentions` output.
+        output_attentions: also write `<stem>_attentions.onnx` with an `attentions` output.
         exporter: "torchscript" (default, faster graph here) or "dynamo".
         quantize: None or "int8" (dynamic quantization; needs labelled data to be measured).
         calib_data: images (any --data the core accepts) for the real-input parity check and
@@ -99,9 +99,9 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
     inputs = _parity_inputs(model.config, eval_set)
 
     report = _report_header(reference, exporter, opset, eval_set)
-    _remove_stale(*([] if attentions else [layout.attentions]), *([] if quantize else [layout.int8]))
-    for path, with_attentions in [(layout.logits, False)] + ([(layout.attentions, True)] if attentions else []):
-        write_graph(model, path, attentions=with_attentions, opset=opset, exporter=exporter)
+    _remove_stale(*([] if output_attentions else [layout.attentions]), *([] if quantize else [layout.int8]))
+    for path, with_attentions in [(layout.logits, False)] + ([(layout.attentions, True)] if output_attentions else []):
+        write_graph(model, path, output_attentions=with_attentions, opset=opset, exporter=exporter)
         report["graphs"][path.name] = verify_graph(model, path, opset, inputs, with_attentions)
     write_config(model.config, layout.config)
     if quantize:

@@ -5,8 +5,8 @@
     classifier.providers                  # e.g. ['CPUExecutionProvider']
     classifier.predict("digit.png", top_k=3)                   # [(label, probability), ...]
     logits = classifier.run(pixel_values)                      # [B, classes]
-    logits, attentions = classifier.run(pixel_values, attentions=True)
-    # attentions [depth, B, heads, T, T] come from model_attentions.onnx (export --attentions)
+    logits, attentions = classifier.run(pixel_values, output_attentions=True)
+    # attentions [depth, B, heads, T, T] come from model_attentions.onnx (export --output-attentions)
 
 Providers: "auto" uses CUDA when this onnxruntime build has it and it starts, else the CPU;
 "cuda" asks for CUDA and warns once if it falls back; "cpu"; or an onnxruntime provider
@@ -222,11 +222,11 @@ class OnnxClassifier:
         if not graph.is_file():
             if export_dir is None:
                 raise FileNotFoundError(f"expected {graph.name} in {model_dir}, found none; export it with: "
-                                        f"python -m export --model {reference} --out {model_dir} --attentions")
+                                        f"python -m export --model {reference} --out {model_dir} --output-attentions")
             from .pipeline import export_onnx  # torch, only when there is something to export
 
             folder = export_dir(model_dir)
-            export_onnx(model_dir, folder, attentions=output_attentions)
+            export_onnx(model_dir, folder, output_attentions=output_attentions)
         classifier = cls(folder, **options)
         classifier.model_dir = model_dir
         return classifier
@@ -268,8 +268,8 @@ class OnnxClassifier:
             raise ValueError(f"{path} takes images of shape {graph_shape} but its config says {config_shape}")
 
     @property
-    def has_attentions(self) -> bool:
-        """Whether run(..., attentions=True) can work (an attentions graph was exported)."""
+    def can_output_attentions(self) -> bool:
+        """Whether run(..., output_attentions=True) can work (an attentions graph was exported)."""
         return self._outputs_attentions(self.session) or self.layout.attentions.is_file()
 
     @staticmethod
@@ -286,7 +286,7 @@ class OnnxClassifier:
                 if not path.is_file():
                     raise ValueError(
                         f"attentions were asked for but {path} does not exist; "
-                        f"export it with: python -m export --model MODEL_DIR --out {self.model_path} --attentions"
+                        f"export it with: python -m export --model MODEL_DIR --out {self.model_path} --output-attentions"
                     )
                 session = create_session(path, self._providers, self._threads)
                 self._check_graph(session, path)
@@ -315,11 +315,11 @@ class OnnxClassifier:
             raise ValueError(f"expected images of {height}x{width} pixels {expected}, got {got_height}x{got_width}")
         return np.ascontiguousarray(pixel_values, dtype=np.float32)
 
-    def run(self, pixel_values: np.ndarray, attentions: bool = False):
-        """float32 [B, C, H, W] -> logits [B, classes]; with attentions=True, (logits,
+    def run(self, pixel_values: np.ndarray, output_attentions: bool = False):
+        """float32 [B, C, H, W] -> logits [B, classes]; with output_attentions=True, (logits,
         attentions [depth, B, heads, T, T]) from the attentions graph. NumPy in, NumPy out."""
         pixels = self.check_pixel_values(pixel_values)
-        if not attentions:
+        if not output_attentions:
             return self._run(self.session, [LOGITS], pixels)[0]
         logits, weights = self._run(self._attentions_session(), [LOGITS, ATTENTIONS], pixels)
         return logits, weights
@@ -341,6 +341,7 @@ class OnnxClassifier:
     def predict(self, images: ImageInput | Sequence[ImageInput], top_k: int = 5, batch_size: int = 64):
         """Top-k (label, probability) pairs, best first: a list for one image, a list of
         such lists for a list of images."""
+        self.config.check_has_head("predict")
         single = not isinstance(images, (list, tuple))
         images = [images] if single else list(images)
         if not images:

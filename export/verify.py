@@ -57,10 +57,10 @@ def check_file(path: Path, opset: int, outputs: list[str]) -> dict[str, Any]:
             "opset": written["ai.onnx"], "opset_imports": written, "inputs": inputs, "outputs": found}
 
 
-def _torch_outputs(model: nn.Module, pixels: np.ndarray, attentions: bool) -> list[np.ndarray]:
+def _torch_outputs(model: nn.Module, pixels: np.ndarray, output_attentions: bool) -> list[np.ndarray]:
     with torch.inference_mode():
-        logits, weights = model(torch.from_numpy(pixels), output_attentions=attentions)
-    return [logits.numpy()] + ([weights.numpy()] if attentions else [])
+        logits, weights = model(torch.from_numpy(pixels), output_attentions=output_attentions)
+    return [logits.numpy()] + ([torch.stack(weights).numpy()] if output_attentions else [])
 
 
 def parity(model: nn.Module, path: Path, inputs: dict[str, np.ndarray], outputs: list[str]) -> list[dict[str, Any]]:
@@ -94,9 +94,9 @@ def parity_failures(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def verify_graph(model: nn.Module, path: Path, opset: int, inputs: dict[str, np.ndarray],
-                 attentions: bool) -> dict[str, Any]:
+                 output_attentions: bool) -> dict[str, Any]:
     """Static checks and parity of one graph -> its section of the export report."""
-    outputs = [LOGITS, ATTENTIONS] if attentions else [LOGITS]
+    outputs = [LOGITS, ATTENTIONS] if output_attentions else [LOGITS]
     report = check_file(path, opset, outputs)
     report["parity"] = parity(model, path, inputs, outputs)
     report["failures"] = parity_failures(report["parity"])

@@ -153,7 +153,7 @@ def model_dir(tmp_path_factory) -> Path:
     """A tiny RGB model dir (16x16, two classes) with its ONNX graphs."""
     folder = tmp_path_factory.mktemp("bad_input_model")
     VisionTransformer(**tiny_config()).save_pretrained(folder)
-    export_onnx(folder, folder, attentions=True)
+    export_onnx(folder, folder, output_attentions=True)
     return folder
 
 
@@ -294,7 +294,7 @@ def test_a_cut_attentions_graph_fails_when_loaded_and_the_app_refuses_it_at_star
     graph.write_bytes(graph.read_bytes()[:1000])
     classifier = OnnxClassifier(folder)  # the logits graph is fine
     with pytest.raises(OnnxModelError) as error:
-        classifier.run(np.zeros((1, 3, 16, 16), dtype=np.float32), attentions=True)
+        classifier.run(np.zeros((1, 3, 16, 16), dtype=np.float32), output_attentions=True)
     assert_one_line(str(error.value), str(graph))
     assert_one_line(run_app_main("--model", folder, "--backend", "onnx", "--port", free_port()),
                     "model_attentions.onnx")

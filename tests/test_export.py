@@ -44,10 +44,10 @@ def pixels_for(config: ViTConfig, batch: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
 
 
-def torch_outputs(model: VisionTransformer, pixels: np.ndarray, attentions: bool = False):
+def torch_outputs(model: VisionTransformer, pixels: np.ndarray, output_attentions: bool = False):
     with torch.inference_mode():
-        logits, weights = model(torch.from_numpy(pixels), output_attentions=attentions)
-    return (logits.numpy(), weights.numpy()) if attentions else logits.numpy()
+        logits, weights = model(torch.from_numpy(pixels), output_attentions=output_attentions)
+    return (logits.numpy(), torch.stack(weights).numpy()) if output_attentions else logits.numpy()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def tiny(tmp_path_factory):
 def exported(tiny, tmp_path_factory) -> Path:
     """The tiny model exported with its attentions graph; returns the logits graph path."""
     folder, _ = tiny
-    return export_onnx(folder, tmp_path_factory.mktemp("onnx") / "model.onnx", attentions=True)
+    return export_onnx(folder, tmp_path_factory.mktemp("onnx") / "model.onnx", output_attentions=True)
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +101,8 @@ def test_logits_match_torch_at_two_batch_sizes(classifier, tiny, batch):
 
 def test_attentions_equal_torch_output_attentions(classifier, tiny):
     pixels = pixels_for(tiny[1].config, 3, seed=1)
-    logits, attentions = classifier.run(pixels, attentions=True)
-    torch_logits, torch_attentions = torch_outputs(tiny[1], pixels, attentions=True)
+    logits, attentions = classifier.run(pixels, output_attentions=True)
+    torch_logits, torch_attentions = torch_outputs(tiny[1], pixels, output_attentions=True)
     assert attentions.shape == (2, 3, 2, 17, 17)  # [depth, B, heads, T, T]
     np.testing.assert_allclose(attentions, torch_attentions, atol=1e-5, rtol=0)
     np.testing.assert_allclose(logits, torch_logits, atol=1e-4, rtol=0)
@@ -111,7 +111,7 @@ def test_attentions_equal_torch_output_attentions(classifier, tiny):
 def test_logits_graph_carries_no_attention_output(exported, classifier):
     assert [output.name for output in classifier.session.get_outputs()] == ["logits"]
     assert [output.name for output in onnx.load(str(exported)).graph.output] == ["logits"]
-    assert classifier.has_attentions  # from model_attentions.onnx beside it
+    assert classifier.can_output_attentions  # from model_attentions.onnx beside it
 
 
 @pytest.mark.parametrize("pooling, patch_embedding", [("mean", "shifted"), ("cls", "shifted"), ("cls", "convstem")])
@@ -121,11 +121,11 @@ def test_non_square_small_data_model_exports_with_parity(tmp_path, pooling, patc
     model = randomized(VisionTransformer(**tiny_config(
         image_size=[16, 24], patch_embedding=patch_embedding, locality_attention=True, pos_embedding="sincos",
         pooling=pooling)))
-    path = export_onnx(model, tmp_path / "small.onnx", attentions=True)
+    path = export_onnx(model, tmp_path / "small.onnx", output_attentions=True)
     classifier = OnnxClassifier(path, providers="cpu")
     pixels = pixels_for(model.config, 4)
-    logits, attentions = classifier.run(pixels, attentions=True)
-    torch_logits, torch_attentions = torch_outputs(model, pixels, attentions=True)
+    logits, attentions = classifier.run(pixels, output_attentions=True)
+    torch_logits, torch_attentions = torch_outputs(model, pixels, output_attentions=True)
     np.testing.assert_allclose(logits, torch_logits, atol=1e-4, rtol=0)
     np.testing.assert_allclose(attentions, torch_attentions, atol=1e-5, rtol=0)
     assert np.all(np.diagonal(attentions, axis1=-2, axis2=-1) == 0)  # no token attends to itself
@@ -153,7 +153,7 @@ def test_export_into_the_model_dir_keeps_its_config_and_drops_stale_graphs(tiny,
     model_dir = tmp_path / "model"
     tiny[1].save_pretrained(model_dir)
     config_bytes = (model_dir / "config.json").read_bytes()
-    export_onnx(model_dir, model_dir / "model.onnx", attentions=True)
+    export_onnx(model_dir, model_dir / "model.onnx", output_attentions=True)
     export_onnx(model_dir, model_dir)  # again, without attentions: the old attentions graph must go
     assert (model_dir / "config.json").read_bytes() == config_bytes
     assert (model_dir / "model.onnx").is_file() and not (model_dir / "model_attentions.onnx").exists()
@@ -190,7 +190,7 @@ def test_runtime_works_where_torch_cannot_be_imported(exported, tmp_path):
         from export import OnnxClassifier
         classifier = OnnxClassifier({str(exported)!r})
         ranked = classifier.predict({str(image)!r}, top_k=2)
-        logits, attentions = classifier.run(classifier.preprocess([{str(image)!r}]), attentions=True)
+        logits, attentions = classifier.run(classifier.preprocess([{str(image)!r}]), output_attentions=True)
         assert sorted(label for label, _ in ranked) == ["bright_disc", "dark_square"] and ranked[0][1] >= ranked[1][1]
         assert attentions.shape == (2, 1, 2, 17, 17), attentions.shape
         assert not any(name.split(".")[0] in ("torch", "torchvision") for name in sys.modules)
@@ -278,7 +278,7 @@ def test_io_binding_gives_the_same_outputs(exported, classifier, tiny):
     bound = OnnxClassifier(exported, providers="cpu", io_binding=True)
     pixels = pixels_for(tiny[1].config, 3, seed=2)
     np.testing.assert_array_equal(bound.run(pixels), classifier.run(pixels))
-    for ours, theirs in zip(bound.run(pixels, attentions=True), classifier.run(pixels, attentions=True)):
+    for ours, theirs in zip(bound.run(pixels, output_attentions=True), classifier.run(pixels, output_attentions=True)):
         np.testing.assert_array_equal(ours, theirs)
 
 
@@ -331,9 +331,9 @@ def test_missing_or_mismatched_files_are_one_clear_error(exported, tmp_path):
     with pytest.raises(FileNotFoundError, match="expected an ONNX model at"):
         OnnxClassifier(tmp_path / "nothing.onnx")
     assert OnnxClassifier(lone, config_path=exported.parent / "config.json", providers="cpu").config.num_classes == 2
-    with pytest.raises(ValueError, match=r"model_attentions.onnx does not exist.*--attentions"):
+    with pytest.raises(ValueError, match=r"model_attentions.onnx does not exist.*--output-attentions"):
         OnnxClassifier(lone, config_path=exported.parent / "config.json", providers="cpu").run(
-            np.zeros((1, 3, 16, 16), np.float32), attentions=True)
+            np.zeros((1, 3, 16, 16), np.float32), output_attentions=True)
     other = tmp_path / "other.json"
     other.write_text(json.dumps(tiny_config(image_size=32)))
     with pytest.raises(ValueError, match=r"takes images of shape \[3, 16, 16\] but its config says \[3, 32, 32\]"):
@@ -409,7 +409,7 @@ def test_bundled_model_exports_with_parity_and_int8_within_bound(tmp_path):
 def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_image_folder, tmp_path):
     out = tmp_path / "cli" / "tiny.onnx"
     result = subprocess.run(
-        [sys.executable, "-m", "export", "--model", str(trained_tiny_dir), "--out", str(out), "--attentions",
+        [sys.executable, "-m", "export", "--model", str(trained_tiny_dir), "--out", str(out), "--output-attentions",
          "--quantize", "int8", "--calib-data", str(split_image_folder), "--opset", "17"],
         capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )

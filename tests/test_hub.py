@@ -164,7 +164,7 @@ def test_with_onnx_without_model_onnx_names_the_export_command(hub, model_dir):
     with pytest.raises(HubError, match=r"^--with-onnx: expected model.onnx in .*python -m export --model"):
         push_to_hub(model_dir, REPO, token=TOKEN, with_onnx=True)
     assert hub.commits == []
-    export_onnx(model_dir, model_dir, attentions=True)
+    export_onnx(model_dir, model_dir, output_attentions=True)
     result = push_to_hub(model_dir, REPO, token=TOKEN, with_onnx=True)
     assert set(result.files) == PUSHED | {"model.onnx", "model_attentions.onnx", ONNX_REPORT}
     assert hub.files(REPO)["model.onnx"] == (model_dir / "model.onnx").read_bytes()

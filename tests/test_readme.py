@@ -138,7 +138,7 @@ ACTIVATION = "make install            # once (make app and make test do it too):
 TRAIN = "vit-hub train --data path/to/folder --out runs/my-model"
 AFTER_TRAIN = "vit-hub train --resume --out runs/my-model          # continue (also after Ctrl-C): same result as uninterrupted"
 BUNDLED = "vit-hub train --data mnist --preset mnist --epochs 60 --out runs/vit-mnist"
-EXPORT = "python -m export --model models/vit-mnist --out runs/onnx --attentions --quantize int8 --calib-data mnist"
+EXPORT = "python -m export --model models/vit-mnist --out runs/onnx --output-attentions --quantize int8 --calib-data mnist"
 HUB = "export HF_TOKEN=hf_...            # or `hf auth login`, or --token (a flag is visible to other users)"
 DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same way"
 TWO_MACHINES = "# two machines, 8 GPUs each: run this on both, HOST being the first machine's address, with"

@@ -220,10 +220,10 @@ def test_onnx_attentions_give_the_torch_map(tmp_path):
     model = tiny_model(image_size=16)
     model_dir = tmp_path / "tiny"
     model.save_pretrained(model_dir)
-    onnx_path = export.export_onnx(model_dir, tmp_path / "onnx" / "model.onnx", attentions=True)
+    onnx_path = export.export_onnx(model_dir, tmp_path / "onnx" / "model.onnx", output_attentions=True)
     classifier = export.OnnxClassifier(onnx_path, providers="cpu")
     pixels = np.random.default_rng(0).normal(size=(3, 1, 16, 16)).astype(np.float32)
-    _, onnx_attentions = classifier.run(pixels, attentions=True)
+    _, onnx_attentions = classifier.run(pixels, output_attentions=True)
     with torch.no_grad():
         _, torch_attentions = model(torch.from_numpy(pixels), output_attentions=True)
     np.testing.assert_allclose(onnx_attentions, torch_attentions.numpy(), atol=1e-5)

@@ -298,7 +298,7 @@ def onnx_files(model_dir: Path) -> list[str]:
     layout = ExportLayout.for_model(model_dir)
     if not layout.logits.is_file():
         raise HubError(f"--with-onnx: expected {layout.logits.name} in {model_dir}, found none; export it first: "
-                       f"python -m export --model {model_dir} --out {model_dir} --attentions")
+                       f"python -m export --model {model_dir} --out {model_dir} --output-attentions")
     return [path.name for path in layout.onnx_files if path.is_file()]
 
 

@@ -4,7 +4,7 @@
 `--out models/vit-mnist/model.onnx` (or just the folder `models/vit-mnist`) gives
 
     model.onnx                 logits only: what a classifier runs
-    model_attentions.onnx      logits and attentions (with --attentions), for rollout
+    model_attentions.onnx      logits and attentions (with --output-attentions), for rollout
     model_int8.onnx            int8 dynamic quantization of model.onnx (with --quantize int8)
     model_export_report.json   verification, parity, quantization accuracy and speed
     config.json                preprocessing and labels (shared by every graph in the folder)
