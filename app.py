@@ -298,6 +298,7 @@ def without_paths(message: str) -> str:
 def build_demo(predictor: Predictor) -> gr.Blocks:
     """The Gradio app for one predictor. Launch it with `serve(demo, ...)`."""
     config = predictor.config
+    config.check_has_head("the app")
 
     @_user_errors
     def predict(image: dict | None, head_fusion: str, discard_ratio: float, k: int):
@@ -499,6 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         predictor = load_predictor(args.model, args.backend)
+        predictor.config.check_has_head("the app")
     except (OSError, ValueError) as error:
         raise SystemExit(f"app.py: cannot load --model {args.model}: {error}") from None
     # Gradio's own start-up lines include a hint to set share=True; this app never shares.

@@ -431,7 +431,7 @@ def test_wrong_input_says_what_was_expected_and_found(pixels, error, message):
      r"patch_embedding convstem: expected patch sides that are powers of two .*, got patch_size \[4, 6\]"),
     (dict(pixel_norm="per-channel"), "pixel_norm: expected one of dataset, image, got 'per-channel'"),
     (dict(num_classes=3), "num_classes 3 does not match the 2 labels given"),
-    (dict(labels=None, num_classes=0), "num_classes: expected a positive int, got 0"),
+    (dict(labels=None, num_classes=-1), r"num_classes: expected a positive int \(0: features only\), got -1"),
     (dict(mean=[0.1, 0.2]), r"mean: expected 3 values \(one per channel\), got 2"),
     (dict(std=[0.5, 0.0, 0.5]), "std: expected positive values"),
     (dict(dropout=1.0), r"dropout: expected a rate in \[0, 1\), got 1.0"),

@@ -139,7 +139,7 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
         f"python app.py --model {reference}", "```", "",
         f"Preprocessing (in `config.json`): {_canonicalisation(config)}convert to "
         f"{'L' if config.in_channels == 1 else 'RGB'}, "
-        f"resize to {image_size} (bilinear), scale to [0, 1], normalise with {_normalisation(config)}.", "",
+        f"resize to {image_size} ({config.interpolation}), scale to [0, 1], normalise with {_normalisation(config)}.", "",
     ]
     return ModelCard("\n".join(sections))
 

@@ -333,7 +333,8 @@ class TrainTransform:
             self.before = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=8)
         elif self.augment == "photos":
             self.before = v2.Compose([
-                v2.RandomResizedCrop(size, scale=CROP_SCALE, antialias=True),
+                v2.RandomResizedCrop(size, scale=CROP_SCALE, antialias=True,
+                                     interpolation=v2.InterpolationMode(config.interpolation)),
                 v2.RandomHorizontalFlip(),
                 v2.ColorJitter(brightness=0.3, contrast=0.3, saturation=0.3, hue=0.1),
                 v2.RandAugment(num_ops=2, magnitude=9),

@@ -5,7 +5,19 @@
       -> prepend the class token, add positions  [B, T, D]   T = 1 + N
       -> depth x Block (pre-norm attention + MLP, both residual)
       -> final LayerNorm, pool (class token or mean of patches)  [B, D]
-      -> linear head                        [B, num_classes]
+      -> (optional tanh pre-logits layer) -> linear head  [B, num_classes]
+
+Three options exist only so that ViTs trained elsewhere load exactly (`vit-hub import`,
+vit_hub/importing.py); vit_hub's own models leave them off:
+  * `class_token_position`: the class token gets a learned position embedding too. The ViT
+    paper, timm and transformers add one position per token, class token included;
+    vit_hub adds positions to the patch tokens only (the class token is one learned vector
+    either way, so a separate position for it adds nothing when training from scratch).
+  * `pre_logits`: Linear + tanh between pooling and head, the ViT paper's "representation"
+    layer used for ImageNet-21k pre-training (transformers' ViTModel calls it the pooler).
+  * `layer_norm_eps`: transformers' ViTs use 1e-12, timm's and vit_hub's 1e-6.
+transformers keeps query, key and value as three Linear layers; stacked one above the other
+they are exactly this module's fused `to_qkv` (the import concatenates them).
 
 Attention runs through the fused `F.scaled_dot_product_attention` kernel unless the caller
 asks for the attention weights (`output_attentions=True`); only then is the explicit
@@ -230,6 +242,8 @@ class VisionTransformer(nn.Module):
                 config.in_channels, dim, config.patch_size, shifted=config.patch_embedding == "shifted"
             )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        # The class token's own position (imported ViTs): cls_token + cls_position is all it adds.
+        self.cls_position = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token_position else None
         if config.pos_embedding == "learned":
             self.pos_embedding = nn.Parameter(torch.zeros(1, config.num_patches, dim))
         else:
@@ -241,7 +255,11 @@ class VisionTransformer(nn.Module):
         drop_rates = torch.linspace(0, config.drop_path, config.depth).tolist()
         self.blocks = nn.ModuleList(Block(config, rate) for rate in drop_rates)
         self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
-        self.head = nn.Linear(dim, config.num_classes)
+        self.pre_logits = (nn.Sequential(nn.Linear(dim, config.pre_logits), nn.Tanh())
+                           if config.pre_logits else nn.Identity())
+        # num_classes 0: no head; the pooled features are the output (a backbone to fine-tune)
+        features = config.pre_logits or dim
+        self.head = nn.Linear(features, config.num_classes) if config.num_classes else nn.Identity()
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -254,8 +272,9 @@ class VisionTransformer(nn.Module):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-        if isinstance(self.pos_embedding, nn.Parameter):
-            nn.init.trunc_normal_(self.pos_embedding, std=0.02)
+        for positions in (self.pos_embedding, self.cls_position):
+            if isinstance(positions, nn.Parameter):
+                nn.init.trunc_normal_(positions, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
 
     # Input checks ------------------------------------------------------------------
@@ -309,7 +328,8 @@ class VisionTransformer(nn.Module):
         grid_w = pixel_values.shape[-1] // self.config.patch_size[1]
 
         patches = self.patch_embedding(pixel_values) + self._positions(grid_h, grid_w)  # [B, N, D]
-        cls = self.cls_token.expand(patches.shape[0], -1, -1)  # [B, 1, D]
+        cls = self.cls_token if self.cls_position is None else self.cls_token + self.cls_position
+        cls = cls.expand(patches.shape[0], -1, -1)  # [B, 1, D]
         x = self.embedding_dropout(torch.cat([cls, patches], dim=1))  # [B, T, D]
 
         # With class-token pooling nothing reads the patch tokens after the last block, so it
@@ -327,4 +347,4 @@ class VisionTransformer(nn.Module):
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         """Tokens [B, T, D] (or the class token alone) -> logits [B, num_classes]."""
         pooled = features[:, 0] if self.config.pooling == "cls" else features[:, 1:].mean(dim=1)  # [B, D]
-        return self.head(pooled)
+        return self.head(self.pre_logits(pooled))

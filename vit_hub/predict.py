@@ -13,6 +13,7 @@ from .preprocess import ImageInput, preprocess_batch
 def predict_images(model: VisionTransformer, images: list[ImageInput], top_k: int = 5,
                    batch_size: int = 64) -> list[list[tuple[str, float]]]:
     """Top-k predictions for each image, preprocessed exactly as the config says."""
+    model.config.check_has_head("predict")
     model.eval()
     device = next(model.parameters()).device
     results = []

@@ -136,10 +136,11 @@ def to_model_mode(image: Image.Image, channels: int) -> Image.Image:
 
 
 def resize(image: Image.Image, config: ViTConfig) -> Image.Image:
+    """To the config's image_size with its resampling filter (`interpolation`)."""
     height, width = config.image_size
     if image.size == (width, height):
         return image
-    return image.resize((width, height), Image.Resampling.BILINEAR)
+    return image.resize((width, height), Image.Resampling[config.interpolation.upper()])
 
 
 def normalize(pixels: np.ndarray, config: ViTConfig) -> np.ndarray:
