@@ -34,7 +34,7 @@ import numpy as np
 from gradio.utils import get_upload_folder
 from PIL import Image
 
-from vit_hub.cli import OneLineErrorParser
+from vit_hub.console import OneLineErrorParser
 from vit_hub.config import ViTConfig
 from vit_hub.postprocess import softmax, top_k
 from vit_hub.canonical import EmptyImageError, centre_digit

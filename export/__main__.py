@@ -7,16 +7,13 @@ import argparse
 import json
 import sys
 
-from vit_hub.cli import OneLineErrorParser
+from vit_hub.console import OneLineErrorParser, run_reporting_errors
 from vit_hub.layout import ExportLayout
 
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 from .pipeline import export_onnx
 from .quantize import QUANTIZATIONS
 from .verify import VerificationError
-
-# Errors a user can cause; printed as one line, never as a traceback.
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,24 +56,18 @@ def summary(report: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        path = export_onnx(args.model, args.out, opset=args.opset, output_attentions=args.output_attentions,
-                           exporter=args.exporter, quantize=args.quantize, calib_data=args.calib_data,
-                           data_root=args.data_root, eval_limit=args.eval_limit)
-    except KeyboardInterrupt:
-        return 130
-    except VerificationError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_reporting_errors(lambda: export_and_report(args), failed_checks=(VerificationError,))
+
+
+def export_and_report(args: argparse.Namespace) -> None:
+    path = export_onnx(args.model, args.out, opset=args.opset, output_attentions=args.output_attentions,
+                       exporter=args.exporter, quantize=args.quantize, calib_data=args.calib_data,
+                       data_root=args.data_root, eval_limit=args.eval_limit)
     layout = ExportLayout.for_model(path)
     for line in summary(json.loads(layout.report.read_text())):
         print(line)
     written = [graph.name for graph in (layout.logits, layout.attentions, layout.int8) if graph.is_file()]
     print(f"wrote {layout.folder}/: {', '.join(written)}, {layout.config.name}, {layout.report.name}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -11,19 +11,8 @@ import sys
 from pathlib import Path
 
 from .config import PRESETS, ViTConfig
+from .console import OneLineErrorParser, run_reporting_errors
 from .hub_cli import add_hub_commands, run_pull, run_push
-
-# Errors a user can cause; they are printed as one line, never as a traceback.
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError)
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (`vit-hub train: error: ...`) without the
-    usage block above it; `--help` still shows the usage. Subcommands inherit the class."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
 
 def _size(text: str):
     """'28' -> 28, '32x48' -> [32, 48]."""
@@ -162,6 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
                          help="split of a named dataset (a folder is read whole)")
     inspect.add_argument("--samples", type=int, default=64, help="images to average over (default 64)")
     inspect.add_argument("--seed", type=int, default=0, help="which images are drawn")
+    importer = commands.add_parser(
+        "import", help="convert a timm or transformers ViT into a vit_hub model dir",
+        description="Convert a pretrained ViT, exactly, into an ordinary vit_hub model dir (config, weights, card "
+                    "naming the source and its licence): a timm vit_* model (config.json with architecture and "
+                    "pretrained_cfg) or a transformers ViT (model_type vit: ViTForImageClassification, or ViTModel "
+                    "without a head). Only model.safetensors is read.")
+    importer.add_argument("source", metavar="SRC", help="Hub repo id (e.g. timm/vit_base_patch16_224.augreg2_in21k_ft_in1k, "
+                          "google/vit-base-patch16-224) or a local folder")
+    importer.add_argument("--out", required=True, help="model dir to write (new or empty)")
+    importer.add_argument("--revision", help="branch, tag or commit of a Hub repo (default main)")
+    importer.add_argument("--token", help="Hub token for gated or private repos (default: HF_TOKEN, then `hf auth login`)")
     add_hub_commands(commands)
     return parser
 
@@ -238,6 +238,21 @@ def run_sweep(args: argparse.Namespace) -> None:
                 args.resume))
 
 
+def run_import(args: argparse.Namespace) -> None:
+    from .importing import describe, import_model, write_model_dir
+    from .train import command_line
+
+    imported = import_model(args.source, args.revision, args.token)
+    out = write_model_dir(imported, args.out, command_line(getattr(args, "argv", None)))
+    config = imported.config
+    head = f"{config.num_classes} classes" if config.num_classes else "no head (features only: fine-tune with --init)"
+    print(f"imported {describe(imported.source)} into {out}: {config.image_size[0]}x{config.image_size[1]}, "
+          f"patch {config.patch_size[0]}x{config.patch_size[1]}, dim {config.embed_dim}, depth {config.depth}, "
+          f"heads {config.num_heads}, {head}")
+    for note in imported.source["notes"]:
+        print(f"note: {note}")
+
+
 def run_inspect(args: argparse.Namespace) -> None:
     from .insight import inspect_model
 
@@ -246,17 +261,10 @@ def run_inspect(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"train": run_train, "inspect": run_inspect, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,
-            "push": run_push, "pull": run_pull}
+            "push": run_push, "pull": run_pull, "import": run_import}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # recorded in the model card; None: sys.argv
-    try:
-        COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        return 130
-    except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_reporting_errors(lambda: COMMANDS[args.command](args))
