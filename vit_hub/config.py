@@ -27,11 +27,9 @@ CHANNELS = (1, 3)  # grayscale or RGB
 # Architecture presets. Any field given explicitly overrides the preset.
 PRESETS: dict[str, dict[str, Any]] = {
     # 28x28 grayscale digits: 7x7 = 49 patches of 4x4 pixels, 0.3 M parameters. A plain ViT
-    # sits on a plateau for its first epochs here; two choices get it off quickly
-    # (BENCHMARKS.md): shifted patches (after 250 steps 0.755 validation accuracy vs 0.442
-    # with plain conv patches) and fixed sin-cos positions, which let the learning rate
-    # double (PRESET_LEARNING_RATES). 5 epochs on a GPU: 0.9780 test with learned positions
-    # at lr 1e-3, 0.9893 with sin-cos at 2e-3; on a CPU 0.9860 (mean of 3 seeds).
+    # sits on a plateau for its first epochs here; shifted patches and fixed sin-cos positions
+    # (which let the learning rate double, PRESET_LEARNING_RATES) get it off quickly.
+    # Measured in BENCHMARKS.md, "MNIST accuracy".
     "mnist": dict(
         image_size=28, patch_size=4, in_channels=1, embed_dim=64, depth=6, num_heads=4,
         mlp_ratio=4.0, patch_embedding="shifted", pos_embedding="sincos", mean=[0.1307], std=[0.3081],
@@ -39,10 +37,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # Small-data preset for photo folders of a few hundred to a few thousand images:
     # small patches, a narrow and shallow model, a convolutional stem, locality attention and
-    # the mean of the patch tokens (not a class token) for the head. Circles vs squares, 108
-    # training images: shifted patches 0.825 test, conv stem 0.875-1.0 (32 px); at 64 px,
-    # batch 16, lr 1e-3, after 40 epochs, training accuracy 0.48 with the class token and 0.96
-    # with the mean of patches (BENCHMARKS.md).
+    # the mean of the patch tokens (not a class token) for the head. Measured in
+    # BENCHMARKS.md, "Small-data defaults" and "Circles vs squares".
     "small-data": dict(
         image_size=64, patch_size=8, in_channels=3, embed_dim=128, depth=6, num_heads=4,
         mlp_ratio=2.0, dropout=0.1, drop_path=0.1, patch_embedding="convstem",
@@ -56,8 +52,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 # Peak AdamW learning rate per 128 images of batch, where a preset was tuned with one other
-# than the default 1e-3 (mnist with sin-cos positions, 5 epochs on a GPU, test accuracy:
-# 1e-3 0.9851, 1.5e-3 0.9846, 2e-3 0.9893, 3e-3 0.9816; two more seeds at 2e-3: 0.9872, 0.9873).
+# than the default 1e-3 (the sweep in BENCHMARKS.md, "MNIST accuracy").
 PRESET_LEARNING_RATES: dict[str, float] = {"mnist": 2e-3}
 DEFAULT_LEARNING_RATE = 1e-3
 

@@ -210,8 +210,8 @@ def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float) -
 def peak_learning_rate(settings: TrainSettings, batch_size: int) -> float:
     """--lr, else the preset's (or the default) rate for a batch of 128, scaled by the square
     root of the batch's ratio to 128 (AdamW's gradient noise falls with the square root of
-    the batch). Circles vs squares, batch 32: 5e-4 (this rule) reaches 1.0 test at 32 and
-    64 px; 1e-3 stays at chance at 32 px; batch 16 at 1.25e-4 (the linear rule) 0.875."""
+    the batch; the linear rule measured worse on small data: BENCHMARKS.md, "Circles vs
+    squares")."""
     if settings.lr is not None:
         return settings.lr
     per_128 = PRESET_LEARNING_RATES.get(settings.preset or "", DEFAULT_LEARNING_RATE)
