@@ -5,6 +5,7 @@ Nothing here is autouse: every fixture is opt-in by name, so other test files ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 from pathlib import Path
@@ -102,20 +103,42 @@ def split_image_folder(tmp_path_factory) -> Path:
     return root
 
 
+# The tiny architecture every test builds or trains (16x16 RGB, one block of width 16): a run
+# of a few epochs on the generated folders takes seconds on a CPU.
+TINY_MODEL = dict(image_size=16, patch_size=4, in_channels=3, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0)
+# TrainSettings of a tiny, fast, deterministic run on one CPU process.
+TINY_RUN = dict(batch_size=8, lr=3e-3, augment="none", num_workers=0, device="cpu", seed=0)
+
+
 def tiny_config(**overrides) -> dict:
-    """Keyword arguments of a model small enough to train in a second (16x16 RGB, dim 16)."""
-    values = dict(image_size=16, patch_size=4, in_channels=3, embed_dim=16, depth=2, num_heads=2,
-                  mlp_ratio=2.0, labels=["bright_disc", "dark_square"])
-    values.update(overrides)
-    return values
+    """Keyword arguments of a tiny model: TINY_MODEL with two blocks and the folders' two labels."""
+    return {**TINY_MODEL, "depth": 2, "labels": ["bright_disc", "dark_square"], **overrides}
 
 
-# Command-line flags of a tiny, fast training run (a sweep or train on the generated folders).
-TINY_TRAIN_FLAGS = [
-    "--image-size", "16", "--patch-size", "4", "--in-channels", "3", "--embed-dim", "16", "--depth", "1", "--num-heads", "2",
-    "--mlp-ratio", "2", "--batch-size", "8", "--lr", "3e-3", "--augment", "none", "--workers", "0",
-    "--device", "cpu", "--seed", "0",
-]
+def train_flags(values: dict) -> list[str]:
+    """`vit-hub train` flags for TrainSettings fields and ViTConfig fields, spelled as the CLI does."""
+    from vit_hub.train import TrainSettings
+
+    spelled = {field.name: field.metadata.get("flag") for field in dataclasses.fields(TrainSettings)}
+    return [part for name, value in values.items()
+            for part in (spelled.get(name) or "--" + name.replace("_", "-"), str(value))]
+
+
+# The command-line flags of the same tiny run (a sweep or `vit-hub train` on the generated folders).
+TINY_TRAIN_FLAGS = train_flags({**TINY_MODEL, **TINY_RUN})
+
+
+def train_tiny(data: Path, out: Path, epochs: int = 3, **overrides) -> Path:
+    """A tiny model trained with `train()` on a generated folder into `out` (seconds); returns `out`."""
+    import contextlib
+    import io
+
+    from vit_hub.train import TrainSettings, train
+
+    settings = TrainSettings(data=str(data), out=str(out), model=dict(TINY_MODEL), epochs=epochs, **TINY_RUN)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        train(dataclasses.replace(settings, **overrides))
+    return out
 
 
 def read_json(path: Path) -> dict:

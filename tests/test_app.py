@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import digit_on_paper, free_port
+from conftest import digit_on_paper, free_port, tiny_config
 from PIL import Image, ImageOps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,8 +274,7 @@ def test_an_rgb_model_with_a_non_square_grid(tmp_path):
     """Any vit_hub model works: RGB, 16x24 input (a 4x6 patch grid); no drawing tab."""
     from vit_hub.pretrained import VisionTransformer
 
-    VisionTransformer(image_size=[16, 24], patch_size=4, in_channels=3, embed_dim=16, depth=2, num_heads=2,
-                      labels=["cat", "dog", "fox"]).save_pretrained(tmp_path / "rgb")
+    VisionTransformer(**tiny_config(image_size=[16, 24], labels=["cat", "dog", "fox"])).save_pretrained(tmp_path / "rgb")
     demo = app.build_demo(app.TorchPredictor.load(tmp_path / "rgb", threads=None))
     _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     try:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import tiny_config
+from conftest import tiny_config, train_tiny
 from export import OnnxClassifier, ProviderFallbackError, VerificationError, export_onnx
 from export.__main__ import main as cli_main
 from vit_hub.layout import ExportLayout
@@ -343,31 +343,9 @@ def test_missing_or_mismatched_files_are_one_clear_error(exported, tmp_path):
 
 
 # Quantization --------------------------------------------------------------------------
-def train_tiny(folder: Path, steps: int = 30) -> VisionTransformer:
-    """A tiny model fitted to the generated two-class training images (seconds)."""
-    from vit_hub import data as vdata
-
-    model = VisionTransformer(**tiny_config())
-    splits = vdata.load_splits(str(folder))
-    dataset = vdata.Transformed(splits.train, vdata.EvalTransform(model.config))
-    pixels, labels = next(iter(vdata.make_loader(dataset, len(dataset), shuffle=False, seed=0, num_workers=0,
-                                                 pin_memory=False)))
-    torch.manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(pixels).logits, labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def trained_tiny_dir(split_image_folder, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("trained_tiny")
-    train_tiny(split_image_folder).save_pretrained(folder)
-    return folder
+    return train_tiny(split_image_folder, tmp_path_factory.mktemp("trained_tiny") / "model")
 
 
 def test_int8_keeps_accuracy_on_a_small_set(trained_tiny_dir, split_image_folder, tmp_path):

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import free_port
+from conftest import free_port, tiny_config
 from huggingface_hub import ModelCard, constants
 from PIL import Image
 
@@ -39,8 +39,7 @@ from vit_hub.pretrained import VisionTransformer, load_model
 
 TOKEN = "hf_vitHubTestToken0123456789abcdefXYZ"
 REPO = "org/name"
-TINY = dict(image_size=8, patch_size=4, in_channels=1, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0,
-            labels=["cat", "dog", "owl"])
+TINY = tiny_config(image_size=8, in_channels=1, depth=1, labels=["cat", "dog", "owl"])
 METRICS = {"final": {"split": "test", "accuracy": 0.8125, "loss": 0.52, "n": 16},
            "settings": {"data": "mnist", "command": "vit-hub train --data mnist --out tiny --epochs 1"}}
 PUSHED = {"config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png"}

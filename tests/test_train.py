@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import read_json, tiny_config
+from conftest import TINY_MODEL, TINY_RUN, read_json, tiny_config, train_flags
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -27,14 +27,12 @@ from vit_hub.train import (
     shift_warning, train,
 )
 
-TINY_MODEL = dict(image_size=16, patch_size=4, in_channels=3, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0)
 TIMING = ("images_per_second", "epoch_seconds")
 
 
 def tiny_settings(data, out, **overrides) -> TrainSettings:
     """A run of a few seconds: 16x16 inputs, one block of width 16, batches of 8, no workers."""
-    values = dict(data=str(data), out=str(out), model=dict(TINY_MODEL), epochs=2, batch_size=8, lr=3e-3,
-                  augment="none", val_split=0.25, num_workers=0, device="cpu", seed=0)
+    values = dict(data=str(data), out=str(out), model=dict(TINY_MODEL), epochs=2, val_split=0.25, **TINY_RUN)
     values.update(overrides)
     return TrainSettings(**values)
 
@@ -272,10 +270,9 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes_to_the_same_result(split_image_
         return original_step(self, images, labels)
 
     monkeypatch.setattr(Trainer, "_step", step_then_interrupt)
-    flags = ["train", "--data", str(split_image_folder), "--out", str(out), "--epochs", "2", "--val-split", "0.25",
-             "--image-size", "16", "--patch-size", "4", "--in-channels", "3", "--embed-dim", "16", "--depth", "1",
-             "--num-heads", "2", "--mlp-ratio", "2", "--dropout", "0.1", "--drop-path", "0.1", "--batch-size", "8", "--lr", "3e-3",
-             "--augment", "photos", "--workers", "0", "--device", "cpu", "--seed", "0"]
+    same_as_straight_run = {**RANDOM_RUN["model"], **TINY_RUN, "epochs": 2, "val_split": 0.25,
+                            "augment": RANDOM_RUN["augment"]}
+    flags = ["train", "--data", str(split_image_folder), "--out", str(out), *train_flags(same_as_straight_run)]
     assert cli.main(flags) == 130
     assert f"interrupted; continue with: vit-hub train --resume --out {out}" in capsys.readouterr().err
     state = read_checkpoint_state(out)
