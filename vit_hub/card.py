@@ -21,7 +21,10 @@ HUB_DATASETS = {"mnist": "ylecun/mnist", "cifar10": "uoft-cs/cifar10", "cifar100
                 "fashionmnist": "zalando-datasets/fashion_mnist", "svhn": "ufldl-stanford/svhn"}
 
 
-def card_metadata(config: ViTConfig, metrics: dict[str, Any], model_name: str) -> ModelCardData:
+def card_metadata(config: ViTConfig, metrics: dict[str, Any], model_name: str,
+                  source: dict[str, Any] | None = None) -> ModelCardData:
+    """Hub metadata. Weights imported or fine-tuned from another model (`source`, source.json)
+    carry that model's licence (none stated: no licence claimed) and name it as base_model."""
     settings = metrics.get("settings", {})
     dataset = str(settings.get("data", "")).lower().replace("-", "").replace("_", "")
     dataset_id = HUB_DATASETS.get(dataset)
@@ -34,10 +37,40 @@ def card_metadata(config: ViTConfig, metrics: dict[str, Any], model_name: str) -
             metric_type="accuracy", metric_value=round(final["accuracy"], 4),
         )]
     return ModelCardData(
-        library_name="vit_hub", pipeline_tag="image-classification", license="mit",
+        library_name="vit_hub", pipeline_tag="image-classification",
+        license=source.get("license") if source else "mit",
+        base_model=source["source"] if source and source.get("hub") else None,
         tags=["vit_hub", "vision-transformer", "image-classification", "pytorch", "onnx"],
         datasets=[dataset_id] if dataset_id else None, model_name=model_name, eval_results=results,
     )
+
+
+def read_source_record(model_dir: Path) -> dict[str, Any] | None:
+    """source.json: where imported or fine-tuned weights came from (vit_hub/importing.py)."""
+    path = Path(model_dir) / "source.json"
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "source" in record else None
+
+
+def _origin(config: ViTConfig, source: dict[str, Any] | None) -> str:
+    """The card's first sentence: how the weights came to be, what the model takes and gives."""
+    image = f"{config.image_size[0]}x{config.image_size[1]} {'grayscale' if config.in_channels == 1 else 'RGB'} input"
+    outputs = f"{config.num_classes} classes" if config.num_classes else "no head (its output is the pooled features)"
+    vit_hub = "[vit_hub](https://github.com/vit-hub/vit_hub)"
+    if source is None:
+        return f"A Vision Transformer image classifier trained from scratch with {vit_hub}: {outputs}, {image}."
+    where = f"[{source['source']}](https://huggingface.co/{source['source']})" if source.get("hub") else f"`{source['source']}`"
+    what = f"{source['library']} {source['architecture']} ({where})"
+    licence = (f"Licence: {source['license']}, as the source states." if source.get("license") else
+               "The source states no licence: check its terms before using these weights.")
+    if source.get("kind") == "imported":
+        return f"A Vision Transformer converted with {vit_hub} from {what}, weights unchanged: {outputs}, {image}. {licence}"
+    return f"A Vision Transformer fine-tuned with {vit_hub} from {what}: {outputs}, {image}. {licence}"
 
 
 def _architecture_table(config: ViTConfig, parameters: int | None) -> str:
@@ -112,14 +145,17 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
     command = metrics.get("settings", {}).get("command") or "(not recorded)"
     reference = repo_id or str(model_dir)
     image_size = f"{config.image_size[0]}x{config.image_size[1]}"
+    source = read_source_record(model_dir)
+    if source and source.get("kind") == "imported":
+        training = ["## Conversion", "", "Not trained here; converted with:", "", "```bash",
+                    source.get("command") or "(not recorded)", "```", "", *[f"- {note}" for note in source["notes"]], ""]
+    else:
+        training = ["## Training", "", "```bash", command, "```", ""]
     sections = [
-        "---", card_metadata(config, metrics, name).to_yaml(), "---", "",
-        f"# {name}", "",
-        f"A Vision Transformer image classifier trained from scratch with "
-        f"[vit_hub](https://github.com/vit-hub/vit_hub): {config.num_classes} classes, "
-        f"{image_size} {'grayscale' if config.in_channels == 1 else 'RGB'} input.", "",
+        "---", card_metadata(config, metrics, name, source).to_yaml(), "---", "",
+        f"# {name}", "", _origin(config, source), "",
         "## Architecture", "", _architecture_table(config, parameters), "",
-        "## Training", "", "```bash", command, "```", "",
+        *training,
         "## Metrics", "", _metrics_section(metrics), "",
     ]
     if (model_dir / "curves.png").is_file():

@@ -46,7 +46,8 @@ from .storage import check_safetensors
 
 # What a model dir holds and a push uploads. Checkpoints and other files stay local.
 MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png",
-               "inspect.json", "patch_filters.png", "position_similarity.png", "attention_distance.png")
+               "inspect.json", "patch_filters.png", "position_similarity.png", "attention_distance.png",
+               "source.json")  # where imported or fine-tuned weights came from (vit_hub/importing.py)
 DEFAULT_BRANCH = "main"
 LOGIN_HINT = "--token (token= in Python), HF_TOKEN or `hf auth login`"
 # Which README.md a push committed.
@@ -156,17 +157,34 @@ def check_repo_id(repo_id: str, flag: str = "repo id") -> None:
         raise HubError(f"{flag}: expected OWNER/NAME, got {repo_id!r}")
 
 
-def _repo_id_or_missing_folder(reference: str) -> str:
+def _repo_id_or_missing_folder(reference: str, flag: str = "--model") -> str:
     """`reference` names no folder here: a repo id, or a folder that does not exist."""
     looks_like_path = reference.startswith((".", "/", "~")) or reference.count("/") != 1 or "\\" in reference
     if looks_like_path:
-        raise FileNotFoundError(f"--model: no model folder at {reference} (a Hub repo id looks like OWNER/NAME)")
-    check_repo_id(reference, flag="--model")
+        raise FileNotFoundError(f"{flag}: no model folder at {reference} (a Hub repo id looks like OWNER/NAME)")
+    check_repo_id(reference, flag=flag)
     return reference
 
 
+def fetch_file(reference: str, filename: str, revision: str | None = None, token: str | None = None,
+               required: bool = True, what: str = "a vit_hub model", flag: str = "--model") -> Path | None:
+    """One file of any Hub repo (vit_hub's or another library's), cached, through the same
+    checks and one-line HubErrors as the rest of this module. A file the repo lacks raises
+    "REPO is not `what`: it has no FILE" when `required`, else gives None. `reference` must be
+    a repo id; a path that names no folder fails as `flag`'s missing folder."""
+    repo_id = _repo_id_or_missing_folder(reference, flag)
+    return _download(repo_id, filename, revision, token, required, what)
+
+
+def has_file(repo_id: str, filename: str, revision: str | None = None, token: str | None = None) -> bool:
+    """Whether the repo has `filename`, asked without downloading it."""
+    with hub_errors(repo_id, revision):
+        api = HfApi(endpoint=hub_endpoint(), token=token)
+        return api.file_exists(repo_id, filename, revision=revision or DEFAULT_BRANCH)
+
+
 def _download(repo_id: str, filename: str, revision: str | None, token: str | None,
-              required: bool = True) -> Path | None:
+              required: bool = True, what: str = "a vit_hub model") -> Path | None:
     """One file of the repo, cached; None for a file not `required` that the repo (or, offline,
     the cache) does not have."""
     options = dict(revision=revision or DEFAULT_BRANCH, token=token, endpoint=hub_endpoint())
@@ -179,7 +197,7 @@ def _download(repo_id: str, filename: str, revision: str | None, token: str | No
             if not required:
                 return None
             if isinstance(error, RemoteEntryNotFoundError):
-                raise HubError(f"{repo_id} is not a vit_hub model: it has no {filename}") from None
+                raise HubError(f"{repo_id} is not {what}: it has no {filename}") from None
             raise HubError(_not_cached_message(repo_id, revision, options["endpoint"])) from None
 
 
