@@ -106,7 +106,7 @@ class TorchPredictor:
 
         with torch.inference_mode():
             logits, attentions = self.model(torch.from_numpy(pixels), output_attentions=True)
-        return softmax(logits.numpy()), attentions.numpy()
+        return softmax(logits.numpy()), torch.stack(attentions).numpy()
 
     def weights(self) -> dict[str, np.ndarray]:
         from vit_hub.insight import torch_weights

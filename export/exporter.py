@@ -32,7 +32,8 @@ MAX_SELF_CONTAINED_BYTES = 2**31 - 1
 
 
 class GraphOutputs(nn.Module):
-    """The model as a graph returns it: logits, or (logits, attentions) with output_attentions."""
+    """The model as a graph returns it: logits, or (logits, attentions [depth, B, heads, T, T])
+    with output_attentions (the model's per-block weights, stacked into one output)."""
 
     def __init__(self, model: nn.Module, output_attentions: bool):
         super().__init__()
@@ -41,7 +42,7 @@ class GraphOutputs(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor):
         logits, attentions = self.model(pixel_values, output_attentions=self.output_attentions)
-        return (logits, attentions) if self.output_attentions else logits
+        return (logits, torch.stack(attentions)) if self.output_attentions else logits
 
 
 def check_export_options(exporter: str, opset: int) -> None:

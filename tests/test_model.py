@@ -52,7 +52,7 @@ def test_imagenet_presets_have_vit_paper_sizes_and_run_one_image(preset, side):
     with torch.no_grad():
         logits, attentions = model(torch.randn(1, 3, side, side), output_attentions=True)
     assert logits.shape == (1, 1000)
-    assert attentions.shape == (12, 1, config.num_heads, tokens, tokens)
+    assert torch.stack(attentions).shape == (12, 1, config.num_heads, tokens, tokens)
 
 
 @pytest.mark.parametrize("preset", ["mnist", "small-data"])
@@ -62,7 +62,8 @@ def test_small_presets_forward_a_batch(preset):
     with torch.no_grad():
         logits, attentions = model(images(2, config.in_channels, *config.image_size), output_attentions=True)
     assert logits.shape == (2, config.num_classes)
-    assert attentions.shape == (config.depth, 2, config.num_heads, config.num_tokens, config.num_tokens)
+    assert len(attentions) == config.depth
+    assert all(weights.shape == (2, config.num_heads, config.num_tokens, config.num_tokens) for weights in attentions)
 
 
 def test_mnist_preset_is_the_documented_architecture():
@@ -84,14 +85,14 @@ def test_non_square_images_and_patches(options):
     assert model.config.grid_size == (6, 5)
     logits, attentions = model(images(3, 3, 24, 40), output_attentions=True)
     assert logits.shape == (3, 2)
-    assert attentions.shape == (2, 3, 2, 31, 31)
+    assert torch.stack(attentions).shape == (2, 3, 2, 31, 31)
 
 
 @pytest.mark.parametrize("pos_embedding", ["learned", "sincos"])
 def test_other_input_sizes_resize_the_positions(pos_embedding):
     model = randomized(VisionTransformer(**tiny_config(pos_embedding=pos_embedding)))  # built for 16x16
     logits, attentions = model(images(2, 3, 24, 32), output_attentions=True)  # a 6x8 grid
-    assert logits.shape == (2, 2) and attentions.shape[-1] == 1 + 6 * 8
+    assert logits.shape == (2, 2) and attentions[-1].shape[-1] == 1 + 6 * 8
     assert torch.isfinite(logits).all()
 
 
@@ -203,6 +204,7 @@ def test_attention_matches_a_per_head_reference(locality):
 def test_attention_rows_are_probabilities(locality):
     model = randomized(VisionTransformer(**tiny_config(locality_attention=locality)))
     _, attentions = model(images(3, 3, 16, 16), output_attentions=True)
+    attentions = torch.stack(attentions)
     assert (attentions >= 0).all()
     torch.testing.assert_close(attentions.sum(dim=-1), torch.ones(attentions.shape[:-1]), atol=1e-5, rtol=0)
     diagonal = attentions.diagonal(dim1=-2, dim2=-1)
@@ -225,9 +227,34 @@ def test_attention_weights_get_gradients_on_the_explicit_path():
     plain sum would be constant) reaches the query/key projection, and not the head."""
     model = randomized(VisionTransformer(**tiny_config())).train()
     _, attentions = model(images(2, 3, 16, 16), output_attentions=True)
-    attentions[:, :, :, 0, 0].sum().backward()
+    torch.stack(attentions)[:, :, :, 0, 0].sum().backward()
     assert model.blocks[0].attention.to_qkv.weight.grad.abs().sum() > 0
     assert model.head.weight.grad is None
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_logits_differentiate_with_respect_to_the_returned_attentions(pooling):
+    """The returned weights are the ones each block multiplied with its values, so
+    autograd.grad(logit, attentions) works (Chefer et al.'s gradient rollout needs it) and
+    equals what forward hooks on the attention modules would capture."""
+    model = randomized(VisionTransformer(**tiny_config(pooling=pooling))).eval()
+    pixels = images(2, 3, 16, 16)
+    logits, attentions = model(pixels, output_attentions=True)
+    gradients = torch.autograd.grad(logits[:, 1].sum(), attentions)
+    assert len(gradients) == model.config.depth
+    assert all(gradient.shape == weights.shape and gradient.abs().sum() > 0
+               for gradient, weights in zip(gradients, attentions))
+
+    hooked = []
+    handles = [block.attention.register_forward_hook(lambda _m, _i, out: hooked.append(out[1]))
+               for block in model.blocks]
+    try:
+        logits, _ = model(pixels, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for expected, gradient in zip(torch.autograd.grad(logits[:, 1].sum(), hooked), gradients):
+        torch.testing.assert_close(gradient, expected)
 
 
 # Patch embedding, positions, stochastic depth -------------------------------------------------

@@ -226,7 +226,7 @@ def test_onnx_attentions_give_the_torch_map(tmp_path):
     _, onnx_attentions = classifier.run(pixels, output_attentions=True)
     with torch.no_grad():
         _, torch_attentions = model(torch.from_numpy(pixels), output_attentions=True)
-    np.testing.assert_allclose(onnx_attentions, torch_attentions.numpy(), atol=1e-5)
+    np.testing.assert_allclose(onnx_attentions, torch.stack(torch_attentions).numpy(), atol=1e-5)
     for fusion in ("mean", "max"):
         np.testing.assert_allclose(attention_rollout(onnx_attentions, fusion, 0.5),
                                    attention_rollout(torch_attentions, fusion, 0.5), atol=1e-4)

@@ -606,7 +606,7 @@ def torch_attend(model: Any) -> Callable[[np.ndarray], np.ndarray]:
     def attend(pixels: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             _, attentions = model.eval()(torch.from_numpy(pixels).to(device), output_attentions=True)
-        return attentions.float().cpu().numpy()
+        return torch.stack(attentions).float().cpu().numpy()
 
     return attend
 

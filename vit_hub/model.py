@@ -21,7 +21,11 @@ they are exactly this module's fused `to_qkv` (the import concatenates them).
 
 Attention runs through the fused `F.scaled_dot_product_attention` kernel unless the caller
 asks for the attention weights (`output_attentions=True`); only then is the explicit
-softmax(q kᵀ) v path taken, so explanations never slow down ordinary inference.
+softmax(q kᵀ) v path taken, so explanations never slow down ordinary inference. The weights
+come back as the very tensors each block multiplied with its values (one per block, as in
+Hugging Face's models), so `torch.autograd.grad(logit, attentions)` reaches them: a stacked
+copy would be a leaf the logits do not depend on. `torch.stack(attentions)` gives
+[depth, B, heads, T, T]; vit_hub's NumPy functions take either form.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ class ViTOutput(NamedTuple):
     """What VisionTransformer.forward returns (unpacks as `logits, attentions = ...`)."""
 
     logits: torch.Tensor  # [B, num_classes]
-    attentions: torch.Tensor | None = None  # [depth, B, heads, T, T] with output_attentions, else None
+    # With output_attentions: depth tensors [B, heads, T, T], in the autograd graph; else None.
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 class PatchEmbedding(nn.Module):
@@ -227,7 +232,7 @@ class VisionTransformer(nn.Module):
         model = VisionTransformer(**PRESETS["mnist"], labels=[str(d) for d in range(10)])
         logits = model(pixel_values).logits                          # [B, num_classes]
         logits, attentions = model(pixel_values, output_attentions=True)
-        # attentions: [depth, B, heads, T, T], post-softmax, T = 1 + patches
+        # attentions: depth tensors [B, heads, T, T], post-softmax, T = 1 + patches
     """
 
     def __init__(self, **kwargs: Any):
@@ -315,12 +320,12 @@ class VisionTransformer(nn.Module):
     # Forward -----------------------------------------------------------------------
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False) -> ViTOutput:
         """ViTOutput: logits [B, num_classes], and with output_attentions the attention weights
-        of every block stacked as [depth, B, heads, T, T] (else None)."""
+        of every block, a tuple of depth tensors [B, heads, T, T] (else None)."""
         features, attentions = self.forward_features(pixel_values, output_attentions)
         return ViTOutput(self.forward_head(features), attentions)
 
     def forward_features(self, pixel_values: torch.Tensor,
-                         output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         output_attentions: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Images -> (tokens after the final LayerNorm [B, T, D], attentions or None). With
         class-token pooling and no attentions asked for, only the class token [B, 1, D]."""
         self.check_input(pixel_values)
@@ -342,7 +347,7 @@ class VisionTransformer(nn.Module):
             is_last = index == len(self.blocks) - 1
             x, weights = block(x, output_attentions, last_queries if is_last else None)
             attentions.append(weights)
-        return self.norm(x), torch.stack(attentions) if output_attentions else None
+        return self.norm(x), tuple(attentions) if output_attentions else None
 
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         """Tokens [B, T, D] (or the class token alone) -> logits [B, num_classes]."""

@@ -31,7 +31,10 @@ POOLINGS = ("cls", "mean")  # which tokens feed the head: as ViTConfig.pooling
 
 
 def as_numpy(array: Any) -> np.ndarray:
-    """Torch tensor or array-like -> float32 NumPy array (detached, on the CPU)."""
+    """Torch tensor or array-like -> float32 NumPy array (detached, on the CPU). A tuple or
+    list (the model's attentions: one [B, heads, T, T] tensor per block) is stacked."""
+    if isinstance(array, (tuple, list)) and array and hasattr(array[0], "detach"):
+        return np.stack([as_numpy(item) for item in array])
     if hasattr(array, "detach"):  # a torch tensor; avoids importing torch here
         array = array.detach().float().cpu().numpy()
     return np.asarray(array, dtype=np.float32)
