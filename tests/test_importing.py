@@ -334,3 +334,73 @@ def test_rollout_of_an_imported_model_covers_its_patch_grid(timm_tiny, tmp_path)
         _, attentions = model(pixels(model.config, batch=2), output_attentions=True)
     maps = attention_rollout(attentions, grid_size=model.config.grid_size)
     assert maps.shape == (2, 14, 14) and np.isfinite(maps).all() and maps.max() == pytest.approx(1.0)
+
+
+# Fine-tuning from imported weights (vit-hub train --init) ---------------------------------------
+FAST_TRAIN = ["--epochs", "2", "--batch-size", "8", "--workers", "0", "--device", "cpu", "--augment", "none"]
+
+
+@pytest.fixture(scope="module")
+def timm_small_grid(tmp_path_factory):
+    """A timm ViT at 32 px with 8 px patches (a 4x4 grid), 10 classes, saved as timm does."""
+    torch.manual_seed(4)
+    model = perturbed(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                                        depth=2, num_classes=10), seed=4)
+    return model, save_timm(model, tmp_path_factory.mktemp("timm_small_grid"))
+
+
+def test_train_init_fine_tunes_a_timm_model_on_a_folder(timm_small_grid, split_image_folder, tmp_path, capsys):
+    model, source = timm_small_grid
+    out = tmp_path / "run"
+    assert main(["train", "--init", str(source), "--data", str(split_image_folder), "--out", str(out),
+                 "--image-size", "48", *FAST_TRAIN]) == 0
+    printed = capsys.readouterr().out
+    assert f"init: timm vit_tiny_patch16_224.augreg_in21k_ft_in1k from {source}" in printed
+    assert "lr 2.5e-05" in printed  # the fine-tuning rate, 1e-4 x sqrt(8 / 128)
+    tuned = load_model(out)
+    config = tuned.config
+    assert config.labels == ["bright_disc", "dark_square"] and config.image_size == [48, 48]
+    assert (config.embed_dim, config.depth, config.class_token_position, config.interpolation) == (192, 2, True, "bicubic")
+    assert tuned.pos_embedding.shape == (1, 36, 192)  # a 6x6 grid now
+    record = json.loads((out / "source.json").read_text())
+    assert (record["kind"], record["source"]) == ("fine-tuned", str(source))
+    card = (out / "README.md").read_text()
+    assert "fine-tuned with [vit_hub]" in card and "vit_tiny_patch16_224" in card and "license: apache-2.0" in card
+
+
+def test_init_weights_keep_the_body_resize_positions_as_timm_does_and_zero_the_head(timm_small_grid):
+    from timm.layers import resample_abs_pos_embed
+
+    from vit_hub.importing import fine_tune_config, fine_tune_weights, load_init
+
+    model, source = timm_small_grid
+    start = load_init(source)
+    config = fine_tune_config(start, ["a", "b", "c"], {"image_size": 48})
+    weights = fine_tune_weights(start, config)
+    expected = resample_abs_pos_embed(model.pos_embed.detach(), (6, 6), (4, 4), num_prefix_tokens=1)
+    assert torch.allclose(weights["pos_embedding"], expected[:, 1:], atol=1e-6)
+    assert torch.equal(weights["cls_position"], model.pos_embed.detach()[:, :1])
+    assert torch.equal(weights["blocks.1.mlp.3.weight"], model.blocks[1].mlp.fc2.weight.detach())
+    assert weights["head.weight"].shape == (3, 192) and not weights["head.weight"].any()
+
+
+def test_init_from_a_vit_model_drops_its_pooler(tmp_path):
+    from vit_hub.importing import fine_tune_config, load_init
+
+    transformers.ViTModel(tiny_vit_config()).save_pretrained(tmp_path / "source", safe_serialization=True)
+    start = load_init(tmp_path / "source")
+    assert start.config.pre_logits == 48
+    assert fine_tune_config(start, ["a", "b"], {}).pre_logits == 0  # the ViT paper replaces the whole head
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--embed-dim", "64"], r"--init: --embed-dim cannot differ from the pretrained model's"),
+    (["--preset", "tiny"], r"expected no --preset, got tiny"),
+])
+def test_init_refuses_another_architecture_in_one_line(timm_small_grid, split_image_folder, tmp_path, capsys,
+                                                       flags, message):
+    _, source = timm_small_grid
+    assert main(["train", "--init", str(source), "--data", str(split_image_folder), "--out", str(tmp_path / "run"),
+                 *flags, *FAST_TRAIN]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and re.search(message, error), error

@@ -547,12 +547,13 @@ def fine_tune_weights(start: Imported, config: ViTConfig) -> dict[str, torch.Ten
 
 
 def resize_positions(positions: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
-    """Patch positions [1, h*w, D] -> [1, H*W, D], bicubic on the grid (as the model resizes
-    them for another input size at run time)."""
+    """Patch positions [1, h*w, D] -> [1, H*W, D], bicubic on the grid, antialiased as timm
+    resizes them when fine-tuning at another resolution (the same numbers as timm's
+    resample_abs_pos_embed)."""
     if tuple(old_grid) == tuple(new_grid):
         return positions
     grid = positions.reshape(1, *old_grid, -1).permute(0, 3, 1, 2)  # [1, D, h, w]
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
     return grid.flatten(2).transpose(1, 2).contiguous()
 
 

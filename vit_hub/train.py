@@ -38,12 +38,16 @@ from tqdm.auto import tqdm
 from . import data as vdata
 from .card import write_model_card
 from .config import DEFAULT_LEARNING_RATE, PRESET_LEARNING_RATES, PRESETS, ViTConfig, one_of, suggest_for_data
+from .importing import SOURCE_RECORD, Imported, describe, fine_tune_config, fine_tune_weights, load_init
 from .insight import views_after_training
 from .plots import plot_confusion_matrix, plot_curves
 from .pretrained import VisionTransformer
 from .storage import reading_safetensors, write_text_atomically
 
 CHECKPOINT = "checkpoint.safetensors"
+# Peak AdamW learning rate per 128 images when fine-tuning from pretrained weights (--init):
+# a tenth of the from-scratch default (BENCHMARKS.md, "Fine-tuning from pretrained weights").
+FINE_TUNE_LEARNING_RATE = 1e-4
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 MAX_WORKERS = 64  # DataLoader processes; far more only hangs the machine starting them
 DEFAULT_BATCH_SIZE = 128
@@ -80,6 +84,9 @@ class TrainSettings:
         compile: torch.compile the model.
         device: auto, cpu, cuda or cuda:N.
         command: the command line that started the run (for the model card).
+        init: fine-tune from these weights instead of starting from scratch: a timm or
+            transformers ViT or a vit_hub model (Hub repo id or folder); a new head for the
+            data's labels, positions resized to --image-size, fine-tuning defaults (lr, epochs).
     """
 
     data: str
@@ -102,6 +109,7 @@ class TrainSettings:
     compile: bool = False
     device: str = "auto"
     command: str = ""
+    init: str | None = None
 
 
 class TrainingError(ValueError):
@@ -214,6 +222,8 @@ def peak_learning_rate(settings: TrainSettings, batch_size: int) -> float:
     squares")."""
     if settings.lr is not None:
         return settings.lr
+    if settings.init:
+        return FINE_TUNE_LEARNING_RATE * math.sqrt(batch_size / 128)
     per_128 = PRESET_LEARNING_RATES.get(settings.preset or "", DEFAULT_LEARNING_RATE)
     return per_128 * math.sqrt(batch_size / 128)
 
@@ -221,6 +231,12 @@ def peak_learning_rate(settings: TrainSettings, batch_size: int) -> float:
 def default_epochs(num_train: int) -> int:
     """About 200k training samples seen in all, 10 to 200 epochs."""
     return int(min(200, max(10, round(200_000 / num_train))))
+
+
+def default_fine_tune_epochs(num_train: int) -> int:
+    """Fine-tuning (--init): a tenth of that, about 20k samples seen, 5 to 50 epochs
+    (BENCHMARKS.md, "Fine-tuning from pretrained weights")."""
+    return int(min(50, max(5, round(20_000 / num_train))))
 
 
 def default_batch_size(num_train: int) -> int:
@@ -346,15 +362,26 @@ class Trainer:
                                         settings.seed, settings.strict)
         if self.runtime.is_main and self.splits.skipped:  # stderr: stdout carries the result lines
             print(self.splits.skipped_report(), file=sys.stderr)
-        self.data_stats = None if resume or settings.preset else vdata.describe_images(self.splits.train, settings.seed)
-        self.config = ViTConfig.from_dict(state["config"]) if resume else build_config(settings, self.splits,
-                                                                                        self.data_stats)
-        self.epochs = settings.epochs if settings.epochs is not None else default_epochs(len(self.splits.train))
+        # Pretrained weights (--init) are read once, when a run starts; a resumed run has them in its checkpoint.
+        self.start = None if resume or not settings.init else self._load_init(settings)
+        self.data_stats = (None if resume or settings.preset or self.start
+                           else vdata.describe_images(self.splits.train, settings.seed))
+        if resume:
+            self.config = ViTConfig.from_dict(state["config"])
+        elif self.start:
+            self.config = fine_tune_config(self.start, self.splits.labels, settings.model)
+        else:
+            self.config = build_config(settings, self.splits, self.data_stats)
+        epochs = default_fine_tune_epochs if settings.init else default_epochs
+        self.epochs = settings.epochs if settings.epochs is not None else epochs(len(self.splits.train))
         self.batch_size = (settings.batch_size if settings.batch_size is not None
                            else default_batch_size(len(self.splits.train)))
         self._check_batch()
         torch.manual_seed(settings.seed)
-        self.model = VisionTransformer(**self.config.to_dict()).to(self.runtime.device)
+        self.model = VisionTransformer(**self.config.to_dict())
+        if self.start:
+            self.model.load_state_dict(fine_tune_weights(self.start, self.config))  # strict: every weight placed
+        self.model.to(self.runtime.device)
         self.optimizer = torch.optim.AdamW(
             parameter_groups(self.model, settings.weight_decay), lr=self.peak_lr, betas=(0.9, 0.999),
             fused=True,  # one kernel for all parameters, on CPU as on CUDA (mnist step: 5.4 -> 1.5 ms)
@@ -374,6 +401,13 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
 
     # set-up helpers
+    @staticmethod
+    def _load_init(settings: TrainSettings) -> Imported:
+        if settings.preset:
+            raise TrainingError(f"--init {settings.init}: the architecture is the pretrained model's; "
+                                f"expected no --preset, got {settings.preset}")
+        return load_init(settings.init)
+
     @property
     def peak_lr(self) -> float:
         return peak_learning_rate(self.settings, self.batch_size)
@@ -442,6 +476,9 @@ class Trainer:
             raise TrainingError(f"--stop-after-epochs: expected a positive number of epochs, got {stop_after_epochs}")
         if self.runtime.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            if self.start:  # the card says what the run started from
+                record = dict(self.start.source, kind="fine-tuned")
+                write_text_atomically(self.out / SOURCE_RECORD, json.dumps(record, indent=2) + "\n")
             self._announce()
             if self.start_epoch == 0:
                 self._checkpoint(0)  # resumable from the very start
@@ -473,6 +510,8 @@ class Trainer:
         colour = self.data_stats.colour if self.data_stats else None
         if colour is not None and self.settings.model.get("in_channels") is None:
             print(f"input: {colour.describe()}")
+        if self.start:
+            print(f"init: {describe(self.start.source)}")
         print(
             f"model: {parameters / 1e6:.2f} M parameters, {self.config.image_size[0]}x{self.config.image_size[1]}x"
             f"{self.config.in_channels}, patch {self.config.patch_size[0]}x{self.config.patch_size[1]}, "
