@@ -119,10 +119,10 @@ class OnnxPredictor:
 
     def __init__(self, classifier: Any):
         if not classifier.can_output_attentions:
-            raise ValueError(f"{classifier.model_path} has no attentions graph; export with --attentions")
+            raise ValueError(f"{classifier.model_path} has no attentions graph; export with --output-attentions")
         self.classifier = classifier
         self.config = classifier.config
-        self.description = f"ONNX Runtime ({classifier.providers[0]})"
+        self.description = f"ONNX Runtime ({classifier.providers[0]}, {classifier.precision})"
         # One run now: a graph that cannot load fails at start, not at a user's first request.
         self.predict(np.zeros((1, self.config.in_channels, *self.config.image_size), dtype=np.float32))
 

@@ -25,8 +25,10 @@ from vit_hub.pretrained import load_model
 from vit_hub.layout import ExportLayout
 
 from .evalset import EvalSet, check_labels, first_images, load_eval_set
+from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
 from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
+from .runtime import PRECISIONS
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
 
 # Real images for parity when no --calib-data is given: the bundled MNIST test split,
@@ -70,7 +72,7 @@ def _remove_stale(*paths: Path) -> None:
 def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = DEFAULT_OPSET,
                 output_attentions: bool = False, exporter: str = DEFAULT_EXPORTER, quantize: str | None = None,
                 calib_data: str | None = None, data_root: str | None = None,
-                eval_limit: int | None = None) -> Path:
+                eval_limit: int | None = None, precision: str = "fp32") -> Path:
     """Export, verify and report; returns the path of the logits graph.
 
     Args:
@@ -83,11 +85,15 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
         calib_data: images (any --data the core accepts) for the real-input parity check and
             the int8 accuracy; default: the bundled MNIST test split.
         data_root: where torchvision datasets named by calib_data live.
-        eval_limit: measure int8 accuracy on the first N images only.
+        eval_limit: measure int8 accuracy (and fp16 agreement) on the first N images only.
+        precision: "fp32", or "fp16" to also write float16 copies of the graphs for the CUDA
+            provider (`model_fp16.onnx`, ...; see half.py), verified and measured.
     """
     check_export_options(exporter, opset)
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"--quantize: expected one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
     if eval_limit is not None and eval_limit < 1:
         raise ValueError(f"--eval-limit: expected a positive number of images, got {eval_limit}")
     reference, model = _resolve_model(model)
@@ -99,15 +105,24 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
     inputs = _parity_inputs(model.config, eval_set)
 
     report = _report_header(reference, exporter, opset, eval_set)
-    _remove_stale(*([] if output_attentions else [layout.attentions]), *([] if quantize else [layout.int8]))
-    for path, with_attentions in [(layout.logits, False)] + ([(layout.attentions, True)] if output_attentions else []):
+    graphs = [(layout.logits, False)] + ([(layout.attentions, True)] if output_attentions else [])
+    halves = [layout.in_precision(path, "fp16") for path, _ in graphs] if precision == "fp16" else []
+    every_half = [layout.in_precision(path, "fp16") for path in (layout.logits, layout.attentions)]
+    _remove_stale(*([] if output_attentions else [layout.attentions]), *([] if quantize else [layout.int8]),
+                  *(half for half in every_half if half not in halves))
+    for path, with_attentions in graphs:
         write_graph(model, path, output_attentions=with_attentions, opset=opset, exporter=exporter)
         report["graphs"][path.name] = verify_graph(model, path, opset, inputs, with_attentions)
+        if precision == "fp16":
+            half = convert_to_fp16(path, layout.in_precision(path, "fp16"))
+            report["graphs"][half.name] = verify_graph(model, half, opset, inputs, with_attentions, FP16_TOLERANCES)
     write_config(model.config, layout.config)
     if quantize:
         quantize_int8(layout.logits, layout.int8)
         report["graphs"][layout.int8.name] = check_file(layout.int8, opset, ["logits"])
         report["quantization"] = measure_int8(layout.logits, layout.int8, eval_set, eval_limit)
+    if precision == "fp16":
+        report["fp16"] = measure_fp16(layout.logits, layout.in_precision(layout.logits, "fp16"), eval_set, eval_limit)
     layout.report.write_text(json.dumps(report, indent=2) + "\n")
 
     failures = [failure for graph in report["graphs"].values() for failure in graph.get("failures", [])]

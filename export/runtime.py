@@ -54,6 +54,7 @@ CUDA = "CUDAExecutionProvider"
 # HEURISTIC picks convolution algorithms without benchmarking them at start-up.
 CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC"}
 ORT_DEFAULT_LOG_SEVERITY = 2  # warning; onnxruntime offers no getter to save and restore it
+PRECISIONS = ("fp32", "fp16")  # of the exported graphs (fp16: `python -m export --precision fp16`)
 
 
 class ProviderFallbackError(RuntimeError):
@@ -141,6 +142,17 @@ def _quiet_onnxruntime():
         ort.set_default_logger_severity(ORT_DEFAULT_LOG_SEVERITY)
 
 
+def choose_precision(precision: str, providers: list[Any], cuda_starts: bool, fp16_exported: bool) -> str:
+    """Which graph a classifier loads: the one asked for, or with "auto" the float16 copy
+    when CUDA will run it and one was exported (on the CPU float16 only costs time)."""
+    if precision != "auto" and precision not in PRECISIONS:
+        raise ValueError(f"precision: expected 'auto', {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    if precision != "auto":
+        return precision
+    on_cuda = _provider_name(providers[0]) == CUDA and cuda_starts
+    return "fp16" if on_cuda and fp16_exported else "fp32"
+
+
 def create_session(path: Path, providers: list[Any], threads: int | None = None) -> ort.InferenceSession:
     """An inference session on the first provider that starts (onnxruntime's own fallback)."""
     options = ort.SessionOptions()
@@ -177,13 +189,16 @@ class OnnxClassifier:
         strict: raise ProviderFallbackError instead of falling back from a provider asked
             for by name ("cuda" or a list); "auto" takes whatever starts.
         exact: on CUDA, full float32 instead of TF32 (`use_tf32=0`), for parity with torch.
+        precision: "fp32", "fp16" (the float16 copies, `export --precision fp16`), or "auto":
+            fp16 when CUDA runs the model and the copy exists, else fp32.
         threads: onnxruntime intra-op threads (default: onnxruntime's choice, one per core).
         io_binding: bind inputs/outputs to the device; default: on when CUDA runs the model.
     """
 
     def __init__(self, model_path: str | Path, config_path: str | Path | None = None,
                  providers: str | Sequence[Any] = "auto", strict: bool = False,
-                 threads: int | None = None, io_binding: bool | None = None, exact: bool = False):
+                 threads: int | None = None, io_binding: bool | None = None, exact: bool = False,
+                 precision: str = "auto"):
         self.layout = ExportLayout.for_model(model_path)
         self.model_path = self.layout.logits
         self.model_dir = self.layout.folder  # from_model: the model's own folder, which holds its weights
@@ -195,7 +210,12 @@ class OnnxClassifier:
         self.config = ViTConfig.from_json(config_path or self.layout.config)
         wanted, explicit = requested_providers(providers, exact)
         self._threads = threads
-        self.session = create_session(self.model_path, wanted, threads)
+        fp16_exported = self.layout.in_precision(self.model_path, "fp16").is_file()
+        self.precision = choose_precision(precision, wanted, _cuda_can_start(), fp16_exported)
+        self.session = create_session(self._graph(self.model_path), wanted, threads)
+        if precision == "auto" and self.precision == "fp16" and self.session.get_providers()[0] != CUDA:
+            self.precision = "fp32"  # CUDA did not start after all
+            self.session = create_session(self.model_path, wanted, threads)
         self._providers = self._check_fallback(wanted, explicit, strict)
         self._device = "cuda" if self.providers[0] == CUDA else "cpu"
         self._io_binding = self._device == "cuda" if io_binding is None else io_binding
@@ -230,6 +250,14 @@ class OnnxClassifier:
         classifier = cls(folder, **options)
         classifier.model_dir = model_dir
         return classifier
+
+    def _graph(self, graph: Path) -> Path:
+        """`graph` in this classifier's precision; a missing float16 copy names the export command."""
+        path = self.layout.in_precision(graph, self.precision)
+        if not path.is_file():
+            raise FileNotFoundError(f"precision fp16: expected {path.name} beside {graph.name}, found none; export "
+                                    f"it with: python -m export --model MODEL_DIR --out {self.model_path} --precision fp16")
+        return path
 
     # Providers ---------------------------------------------------------------------
     @property
@@ -288,7 +316,8 @@ class OnnxClassifier:
                         f"attentions were asked for but {path} does not exist; "
                         f"export it with: python -m export --model MODEL_DIR --out {self.model_path} --output-attentions"
                     )
-                session = create_session(path, self._providers, self._threads)
+                half = self.layout.in_precision(path, self.precision)  # an fp16 copy when there is one
+                session = create_session(half if half.is_file() else path, self._providers, self._threads)
                 self._check_graph(session, path)
                 self._attentions = session
         return self._attentions

@@ -3,7 +3,7 @@
   * `onnx.checker` (full check, with shape inference);
   * the opset actually written is the one asked for;
   * one self-contained file (no external weights) with input `pixel_values` whose batch axis
-    is symbolic, and outputs `logits` (and `attentions`);
+    is symbolic, and outputs `logits` (and `attentions`), all float32 (fp16 graphs included);
   * parity with the torch model in ONNX Runtime on the provider a classifier gets here ("auto":
     CUDA where it starts, run exact, i.e. `use_tf32=0`; else the CPU), on random and on real
     images, at batch 1 and 7: logits within 1e-4, attentions within 1e-5 (max absolute difference).
@@ -51,6 +51,10 @@ def check_file(path: Path, opset: int, outputs: list[str]) -> dict[str, Any]:
     if list(inputs) != [INPUT] or list(found) != outputs:
         raise VerificationError(f"{path}: expected input {[INPUT]} and outputs {outputs}, "
                                 f"got {list(inputs)} and {list(found)}")
+    wrong_types = [value.name for value in [*model.graph.input, *model.graph.output]
+                   if value.type.tensor_type.elem_type != onnx.TensorProto.FLOAT]
+    if wrong_types:
+        raise VerificationError(f"{path}: expected float32 inputs and outputs, got other types for {wrong_types}")
     if not isinstance(inputs[INPUT][0], str):
         raise VerificationError(f"{path}: expected a symbolic batch axis, got pixel_values {inputs[INPUT]}")
     return {"file": path.name, "bytes": path.stat().st_size, "self_contained": True, "checker": "passed",
@@ -82,11 +86,11 @@ def parity(model: nn.Module, path: Path, inputs: dict[str, np.ndarray], outputs:
     return rows
 
 
-def parity_failures(rows: list[dict[str, Any]]) -> list[str]:
+def parity_failures(rows: list[dict[str, Any]], tolerances: dict[str, float] = TOLERANCES) -> list[str]:
     """Human-readable descriptions of every difference above its tolerance."""
     failures = []
     for row in rows:
-        for name, tolerance in TOLERANCES.items():
+        for name, tolerance in tolerances.items():
             diff = row.get(f"{name}_max_abs_diff")
             if diff is not None and not diff <= tolerance:  # `not <=` also catches NaN
                 failures.append(f"{name} differ by {diff:.2e} > {tolerance:.0e} on {row['input']} input, batch {row['batch']}")
@@ -94,11 +98,12 @@ def parity_failures(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def verify_graph(model: nn.Module, path: Path, opset: int, inputs: dict[str, np.ndarray],
-                 output_attentions: bool) -> dict[str, Any]:
+                 output_attentions: bool, tolerances: dict[str, float] = TOLERANCES) -> dict[str, Any]:
     """Static checks and parity of one graph -> its section of the export report."""
     outputs = [LOGITS, ATTENTIONS] if output_attentions else [LOGITS]
     report = check_file(path, opset, outputs)
     report["parity"] = parity(model, path, inputs, outputs)
-    report["failures"] = parity_failures(report["parity"])
+    report["tolerances_max_abs_diff"] = tolerances
+    report["failures"] = parity_failures(report["parity"], tolerances)
     report["passed"] = not report["failures"]
     return report

@@ -342,6 +342,103 @@ def test_missing_or_mismatched_files_are_one_clear_error(exported, tmp_path):
         OnnxClassifier(exported, providers="tpu")
 
 
+# Half precision (the GPU speed is measured only on a GPU; here: the graph, its checks, the choice) ---
+@pytest.fixture(scope="module")
+def exported_fp16(trained_tiny_dir, split_image_folder, tmp_path_factory) -> Path:
+    return export_onnx(trained_tiny_dir, tmp_path_factory.mktemp("fp16"), output_attentions=True, precision="fp16",
+                       calib_data=str(split_image_folder))
+
+
+def test_fp16_export_writes_verified_float16_copies_with_float32_io(exported_fp16):
+    folder = exported_fp16.parent
+    report = json.loads((folder / "model_export_report.json").read_text())
+    for name, outputs in (("model_fp16.onnx", ["logits"]), ("model_attentions_fp16.onnx", ["logits", "attentions"])):
+        graph = onnx.load(folder / name)
+        assert [value.name for value in graph.graph.output] == outputs
+        assert {value.type.tensor_type.elem_type for value in [*graph.graph.input, *graph.graph.output]} == {
+            onnx.TensorProto.FLOAT}  # callers pass and get float32, as with the fp32 graph
+        assert any(tensor.data_type == onnx.TensorProto.FLOAT16 for tensor in graph.graph.initializer)
+        assert not any(tensor.data_type == onnx.TensorProto.FLOAT for tensor in graph.graph.initializer
+                       if len(tensor.dims) > 1)  # every weight matrix is half
+        assert report["graphs"][name]["passed"] and report["graphs"][name]["tolerances_max_abs_diff"]["logits"] == 5e-2
+    half = report["fp16"]
+    assert half["n"] == 16 and half["top1_agreement"] == 100.0 and 0 < half["logits_max_abs_diff_vs_fp32"] < 5e-2
+
+
+def test_fp16_parity_failure_fails_the_export(trained_tiny_dir, tmp_path, monkeypatch):
+    from export import half
+
+    monkeypatch.setitem(half.FP16_TOLERANCES, "logits", 1e-9)  # no float16 graph is this close
+    with pytest.raises(VerificationError, match=r"logits differ by .* > 1e-09"):
+        export_onnx(trained_tiny_dir, tmp_path, precision="fp16")
+
+
+def test_export_without_fp16_removes_stale_copies(exported_fp16, trained_tiny_dir, tmp_path):
+    for name in ("model_fp16.onnx", "model_attentions_fp16.onnx"):
+        (tmp_path / name).write_bytes((exported_fp16.parent / name).read_bytes())
+    export_onnx(trained_tiny_dir, tmp_path)
+    assert not (tmp_path / "model_fp16.onnx").exists() and not (tmp_path / "model_attentions_fp16.onnx").exists()
+
+
+@pytest.mark.parametrize("precision, providers, cuda_starts, exported_fp16, chosen", [
+    ("auto", [(CUDA, {}), CPU], True, True, "fp16"),    # CUDA runs it and the copy exists
+    ("auto", [(CUDA, {}), CPU], True, False, "fp32"),   # no copy exported
+    ("auto", [(CUDA, {}), CPU], False, True, "fp32"),   # CUDA cannot start: the CPU runs fp32 faster
+    ("auto", [CPU], True, True, "fp32"),
+    ("fp16", [CPU], False, True, "fp16"),               # asked for by name
+    ("fp32", [(CUDA, {}), CPU], True, True, "fp32"),
+])
+def test_precision_choice_with_faked_providers(precision, providers, cuda_starts, exported_fp16, chosen):
+    from export.runtime import choose_precision
+
+    assert choose_precision(precision, providers, cuda_starts, exported_fp16) == chosen
+
+
+def test_auto_loads_the_fp16_copy_for_cuda_and_fp32_when_cuda_does_not_start(exported_fp16, monkeypatch):
+    """On a 'GPU machine' whose CUDA provider then fails to start, auto tries model_fp16.onnx
+    on CUDA, sees the session on the CPU and reloads model.onnx."""
+    from export import runtime
+
+    loaded, real_session = [], runtime._session
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [CUDA, CPU])
+    monkeypatch.setattr(runtime, "_cuda_can_start", lambda: True)
+    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda: None)
+    monkeypatch.setattr(runtime, "_session", lambda path, options, providers: (
+        loaded.append((Path(path).name, runtime._provider_name(providers[0]))), real_session(path, options, [CPU]))[1])
+    classifier = OnnxClassifier(exported_fp16)
+    assert loaded == [("model_fp16.onnx", CUDA), ("model.onnx", CUDA)] and classifier.precision == "fp32"
+
+
+def test_fp16_by_name_runs_on_the_cpu_and_agrees(exported_fp16, split_image_folder):
+    half = OnnxClassifier(exported_fp16, providers="cpu", precision="fp16")
+    full = OnnxClassifier(exported_fp16, providers="cpu")
+    assert (half.precision, full.precision) == ("fp16", "fp32")  # auto on the CPU: fp32
+    pixels = half.preprocess(sorted((split_image_folder / "test" / "dark_square").iterdir()))
+    np.testing.assert_allclose(half.run(pixels), full.run(pixels), atol=5e-2)
+    (half_logits, half_attentions), (_, full_attentions) = (half.run(pixels, output_attentions=True),
+                                                            full.run(pixels, output_attentions=True))
+    np.testing.assert_allclose(half_attentions, full_attentions, atol=5e-3)
+    assert half._attentions is not None and half.layout.in_precision(half.layout.attentions, "fp16").is_file()
+
+
+def test_fp16_asked_for_without_the_copy_names_the_export_command(exported):
+    with pytest.raises(FileNotFoundError, match=r"model_fp16.onnx beside model.onnx, found none.*--precision fp16"):
+        OnnxClassifier(exported, precision="fp16")
+    with pytest.raises(ValueError, match=r"precision: expected 'auto', 'fp32', 'fp16', got 'int4'"):
+        OnnxClassifier(exported, precision="int4")
+
+
+def test_cli_fp16_summary_line_and_bad_precision(exported_fp16, capsys):
+    from export.__main__ import summary
+
+    lines = summary(json.loads((exported_fp16.parent / "model_export_report.json").read_text()))
+    assert any(line.startswith("model_attentions_fp16.onnx: ") for line in lines)
+    assert any(line.startswith("fp16: top-1 agreement with fp32 100.00% on 16 images") for line in lines)
+    with pytest.raises(SystemExit):
+        cli_main(["--model", "m", "--out", "o", "--precision", "int4"])
+    assert "argument --precision: invalid choice: 'int4'" in capsys.readouterr().err
+
+
 # Quantization --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained_tiny_dir(split_image_folder, tmp_path_factory) -> Path:

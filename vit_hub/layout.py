@@ -6,6 +6,8 @@
     model.onnx                 logits only: what a classifier runs
     model_attentions.onnx      logits and attentions (with --output-attentions), for rollout
     model_int8.onnx            int8 dynamic quantization of model.onnx (with --quantize int8)
+    model_fp16.onnx            float16 copies of the graphs above, float32 in and out, for
+    model_attentions_fp16.onnx   the CUDA provider (with --precision fp16)
     model_export_report.json   verification, parity, quantization accuracy and speed
     config.json                preprocessing and labels (shared by every graph in the folder)
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 DEFAULT_STEM = "model"
 ATTENTIONS_SUFFIX = "_attentions"
 INT8_SUFFIX = "_int8"
+FP16_SUFFIX = "_fp16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,12 @@ class ExportLayout:
     def int8(self) -> Path:
         return self.folder / f"{self.stem}{INT8_SUFFIX}.onnx"
 
+    @staticmethod
+    def in_precision(graph: Path, precision: str) -> Path:
+        """The float16 copy of a graph ("fp16": model_fp16.onnx beside model.onnx), or the
+        graph itself ("fp32")."""
+        return graph.with_name(f"{graph.stem}{FP16_SUFFIX}.onnx") if precision == "fp16" else graph
+
     @property
     def report(self) -> Path:
         return self.folder / f"{self.stem}_export_report.json"
@@ -64,7 +73,8 @@ class ExportLayout:
         return self.folder / "config.json"
 
     @property
-    def onnx_files(self) -> tuple[Path, Path, Path]:
+    def onnx_files(self) -> tuple[Path, ...]:
         """What a model dir ships of an export: the logits graph, the attentions graph (the
-        app's ONNX backend draws rollout from it) and the report."""
-        return self.logits, self.attentions, self.report
+        app's ONNX backend draws rollout from it), their float16 copies and the report."""
+        graphs = (self.logits, self.attentions)
+        return (*graphs, *(self.in_precision(graph, "fp16") for graph in graphs), self.report)
