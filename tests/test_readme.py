@@ -142,7 +142,8 @@ EXPORT = "python -m export --model models/vit-mnist --out runs/onnx --output-att
 HUB = "export HF_TOKEN=hf_...            # or `hf auth login`, or --token (a flag is visible to other users)"
 DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same way"
 TWO_MACHINES = "# two machines, 8 GPUs each: run this on both, HOST being the first machine's address, with"
-RUNNERS = {SETUP, ACTIVATION, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES}
+PRETRAINED = "vit-hub import timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --out runs/vit-base"
+RUNNERS = {SETUP, ACTIVATION, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES, PRETRAINED}
 
 
 def test_every_bash_block_has_a_runner():
@@ -253,6 +254,41 @@ def test_hub_block_against_a_local_hub_and_offline(tmp_path):
                                  text=True, timeout=120, env=shell_env(HF_TOKEN=TOKEN, HF_HOME=str(tmp_path / "off")))
         lines = offline.stderr.strip().splitlines()
         assert offline.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), offline.stderr
+
+
+@pytest.mark.slow
+def test_pretrained_block_against_a_local_hub(folder, tmp_path):
+    """The two repos the block names, served by the local Hub stand-in: small random models with
+    the same library layout (a timm ViT saved as timm saves it, with that architecture name; a
+    transformers ViTModel with its pooler). The fine-tuning run is cut to one epoch."""
+    timm = pytest.importorskip("timm")
+    transformers = pytest.importorskip("transformers")
+    from huggingface_hub import HfApi
+
+    sources = tmp_path / "sources"
+    timm.models.save_for_hf(timm.create_model("vit_base_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                                              embed_dim=32, depth=2, num_heads=2),
+                            sources / "timm", safe_serialization=True)
+    transformers.ViTModel(transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                 intermediate_size=64, image_size=32, patch_size=8)
+                          ).save_pretrained(sources / "hf", safe_serialization=True)
+    photo = tmp_path / "photo.jpg"
+    Image.fromarray((np.random.default_rng(0).random((60, 80, 3)) * 255).astype(np.uint8)).save(photo)
+    text = substitute(block(PRETRAINED), [("runs/", f"{tmp_path}/runs/"), ("path/to/photo.jpg", str(photo)),
+                                          ("path/to/folder", str(folder)),
+                                          ("runs/my-fine-tuned", f"runs/my-fine-tuned --epochs 1 --workers 0")])
+    with HubDouble(TOKEN) as hub:
+        api = HfApi(endpoint=hub.url, token=TOKEN)
+        for repo_id, files in (("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", "timm"),
+                               ("google/vit-base-patch16-224-in21k", "hf")):
+            api.create_repo(repo_id)
+            api.upload_folder(repo_id=repo_id, folder_path=sources / files)
+        out = run_block(text, shell_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"),
+                                        HF_HUB_OFFLINE="0")).stdout
+    assert "imported timm vit_base_patch16_224.augreg2_in21k_ft_in1k" in out
+    assert f"{photo}: " in out  # one line of ImageNet labels for the photo
+    tuned = json.loads((tmp_path / "runs" / "my-fine-tuned" / "source.json").read_text())
+    assert (tuned["kind"], tuned["source"]) == ("fine-tuned", "google/vit-base-patch16-224-in21k")
 
 
 @pytest.mark.slow
