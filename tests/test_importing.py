@@ -367,6 +367,11 @@ def test_train_init_fine_tunes_a_timm_model_on_a_folder(timm_small_grid, split_i
     card = (out / "README.md").read_text()
     assert "fine-tuned with [vit_hub]" in card and "vit_tiny_patch16_224" in card and "license: apache-2.0" in card
 
+    # the same folder overwritten by a run from scratch no longer claims a pretrained start
+    assert main(["train", "--data", str(split_image_folder), "--out", str(out), "--overwrite", "--image-size", "16",
+                 "--patch-size", "4", "--embed-dim", "16", "--depth", "1", "--num-heads", "2", *FAST_TRAIN]) == 0
+    assert not (out / "source.json").exists() and "trained from scratch" in (out / "README.md").read_text()
+
 
 def test_init_weights_keep_the_body_resize_positions_as_timm_does_and_zero_the_head(timm_small_grid):
     from timm.layers import resample_abs_pos_embed

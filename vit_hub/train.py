@@ -479,6 +479,8 @@ class Trainer:
             if self.start:  # the card says what the run started from
                 record = dict(self.start.source, kind="fine-tuned")
                 write_text_atomically(self.out / SOURCE_RECORD, json.dumps(record, indent=2) + "\n")
+            elif not self.settings.init:  # a run from scratch --overwrite-ing a fine-tuned one
+                (self.out / SOURCE_RECORD).unlink(missing_ok=True)
             self._announce()
             if self.start_epoch == 0:
                 self._checkpoint(0)  # resumable from the very start
