@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import re
 import sys
+from inspect import cleandoc
 from pathlib import Path
 
 from .config import PRESETS, ViTConfig
@@ -46,7 +46,7 @@ def field_help(cls: type) -> dict[str, str]:
     (a line `name: text` or `name, other: text`, continued on more-indented lines)."""
     helps: dict[str, str] = {}
     names: list[str] = []
-    for line in inspect.cleandoc(cls.__doc__ or "").partition("Args:")[2].splitlines():
+    for line in cleandoc(cls.__doc__ or "").partition("Args:")[2].splitlines():
         entry = re.fullmatch(r" {4}(\w+(?:, \w+)*): (.*)", line)
         if entry:
             names = entry[1].split(", ")
@@ -69,14 +69,13 @@ def add_field_flags(group, cls: type, names: tuple[str, ...], show_defaults: boo
         if show_defaults and field.default not in (None, dataclasses.MISSING, ""):
             text += f" (default: {field.default})"
         options = dict(dest=field.name, default=None, help=text, choices=field.metadata.get("choices"))
-        if field.type != "bool":
-            options["metavar"] = None if options["choices"] else flag.lstrip("-").upper().replace("-", "_")
         if field.type == "bool":
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
-        elif field.type in FLAG_TYPES:
-            group.add_argument(flag, type=FLAG_TYPES[field.type], **options)
-        else:
+            continue
+        if field.type not in FLAG_TYPES:
             raise TypeError(f"{cls.__name__}.{field.name}: no command-line type for the annotation {field.type!r}")
+        metavar = None if options["choices"] else flag.lstrip("-").upper().replace("-", "_")
+        group.add_argument(flag, type=FLAG_TYPES[field.type], metavar=metavar, **options)
 
 
 def _add_training_flags(parser: argparse.ArgumentParser, data_required: bool = True) -> None:
