@@ -1,123 +1,281 @@
-"""Is the rollout map faithful? Mask the patches it ranks highest and watch the true class.
+"""How faithful is each explanation? Blank the patches a map ranks highest and watch the class.
 
-For each of N MNIST test images: compute the rollout, set the top 30 % of patches (by
-rollout value) to the background value, and measure how much the true-class
-probability drops. Compare with masking a random 30 % of patches (averaged over several
-draws per image). Faithful maps give a much larger drop: the target is a ratio >= 2.
+For each of the first N test images, every method ranks the patches for the class the model
+predicts on the intact image. Then:
 
-The mask value is the background: pixel 0 (black), i.e. (0 - mean) / std after
-normalisation, so a masked patch looks like empty paper rather than a new grey shape.
-As a harder baseline the script also masks a random 30 % of patches among those that
-contain ink (random background patches are often no-ops on MNIST).
+  deletion AUC   blank the patches most-important first and average the class's probability
+                 over the curve from 0 to 100 % blanked, every 5 % (lower is better);
+  insertion AUC  start from the blank image and restore the patches most-important first
+                 (higher is better);
+  drop at 10 / 30 %  the fall in the class's probability after blanking the top 10 / 30 % of
+                 patches, as a multiple of the fall after blanking a random 10 / 30 %
+                 (the mean of `--draws` random orders);
+  ms/img         the method's time for one image at batch 1 (forward pass included; median of
+                 `--timing-images`, one thread).
 
-    python bench/faithfulness.py [--model models/vit-mnist] [--images 500] [--share 0.3]
+"Blank" is `vit_hub.attribution.blank_pixels`: black paper for a digit model, the training
+set's mean colour for a colour model. Rows: every method in `vit_hub.attribution.METHODS`,
+integrated gradients at other step counts, the peers captum (integrated gradients on the
+pixels, 32 steps) and pytorch-grad-cam (Grad-CAM on the last block), both from
+requirements-bench.txt, a map that looks at no model (ink per patch for grayscale images,
+colourfulness per patch for colour ones: "where is the object") and random.
+
+    python bench/faithfulness.py [--model models/vit-mnist] [--data mnist] [--images 500]
+    python bench/faithfulness.py --model DIR --data ROOT/marked       # bench/marked_objects.py
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
 import sys
 import time
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-from vit_hub.data import load_splits
-from vit_hub.pretrained import load_model
-from vit_hub.preprocess import preprocess_batch
-from vit_hub.rollout import attention_gradients, attention_rollout, gradient_rollout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # marked_objects, run from anywhere
+from marked_objects import object_map  # noqa: E402
 
-SETTINGS = [("mean", 0.0), ("mean", 0.5), ("mean", 0.9), ("max", 0.0), ("max", 0.9), ("min", 0.0)]
+from vit_hub.attribution import METHODS, blank_patches, blank_pixels  # noqa: E402
+from vit_hub.data import load_splits  # noqa: E402
+from vit_hub.explain import explain  # noqa: E402
+from vit_hub.preprocess import preprocess_batch  # noqa: E402
+from vit_hub.pretrained import load_model  # noqa: E402
+from vit_hub.rollout import scale_maps  # noqa: E402
+
+POINTS = 21  # points on each curve: every 5 % of the patches
+MapFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (pixels [B, C, H, W], classes [B]) -> [B, h, w]
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="models/vit-mnist")
-    parser.add_argument("--images", type=int, default=500, help="first N images of the MNIST test split")
-    parser.add_argument("--share", type=float, default=0.3, help="share of patches masked")
-    parser.add_argument("--draws", type=int, default=10, help="random masks per image")
+    parser.add_argument("--data", default="mnist", help="'mnist' or an image folder with a test split")
+    parser.add_argument("--images", type=int, default=300, help="first N images of the test split")
+    parser.add_argument("--draws", type=int, default=3, help="random orders for the random row")
+    parser.add_argument("--timing-images", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=50, help="images per explanation call")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-peers", action="store_true", help="skip captum and pytorch-grad-cam")
+    parser.add_argument("--timing", choices=("yes", "no", "only"), default="yes",
+                        help="no: AUCs only (run them beside other jobs); only: ms/img only (run it alone)")
+    parser.add_argument("--write", type=Path, help="also write the vit_hub methods' rows as JSON here "
+                        "(faithfulness.json in a model dir: the app shows them)")
     return parser.parse_args()
 
 
-def test_images(count: int, config) -> tuple[np.ndarray, np.ndarray]:
-    """The first `count` bundled MNIST test images -> (pixels [N, C, H, W], labels [N])."""
-    test = load_splits("mnist", val_split=0.0).test
-    pairs = [test[i] for i in range(count)]
-    return preprocess_batch([image for image, _ in pairs], config), np.array([label for _, label in pairs])
+def test_images(data: str, count: int, config) -> np.ndarray:
+    """The first `count` images of the test split -> model pixels [N, C, H, W]."""
+    test = load_splits(data, val_split=0.0).test
+    return preprocess_batch([test[i][0] for i in range(min(count, len(test)))], config)
 
 
-def mask_patches(pixels: np.ndarray, chosen: np.ndarray, patch: tuple[int, int], value: np.ndarray) -> np.ndarray:
-    """pixels [N, C, H, W]; chosen [N, grid_h, grid_w] bool -> copy with chosen patches set to value [C]."""
-    per_pixel = chosen.repeat(patch[0], axis=1).repeat(patch[1], axis=2)[:, None]  # [N, 1, H, W]
-    return np.where(per_pixel, value[None, :, None, None], pixels).astype(np.float32)
-
-
-def top_patches(maps: np.ndarray, count: int) -> np.ndarray:
-    """maps [N, h, w] -> bool [N, h, w], True on each map's `count` highest patches."""
+def patch_order(maps: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """maps [N, h, w] -> [N, h*w] patch indices, highest first; ties in random order."""
     flat = maps.reshape(len(maps), -1)
-    order = np.argsort(-flat, axis=1, kind="stable")[:, :count]
-    chosen = np.zeros_like(flat, dtype=bool)
-    np.put_along_axis(chosen, order, True, axis=1)
-    return chosen.reshape(maps.shape)
+    return np.lexsort((rng.random(flat.shape), -flat), axis=-1)
 
 
-def random_patches(allowed: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
-    """bool [N, h, w] of `count` random patches per image among the allowed ones (all if too few)."""
-    scores = rng.random(allowed.shape) + allowed  # allowed patches rank first, in random order
-    return top_patches(scores, count)
+def curves(model, pixels: np.ndarray, classes: np.ndarray, order: np.ndarray, config,
+           images_at_once: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """Deletion and insertion curves [N, patches + 1]: the class's probability with the top
+    k = 0..patches patches blanked (deletion) or restored onto the blank image (insertion)."""
+    parts = [_curves(model, pixels[i:i + images_at_once], classes[i:i + images_at_once],
+                     order[i:i + images_at_once], config) for i in range(0, len(pixels), images_at_once)]
+    return np.concatenate([d for d, _ in parts]), np.concatenate([i for _, i in parts])
 
 
-@torch.no_grad()
-def true_class_probability(model, pixels: np.ndarray, labels: np.ndarray, batch: int = 250) -> np.ndarray:
-    probabilities = [model(torch.from_numpy(pixels[i:i + batch])).logits.softmax(-1).numpy()
-                     for i in range(0, len(pixels), batch)]
-    return np.concatenate(probabilities)[np.arange(len(labels)), labels]
+def _curves(model, pixels: np.ndarray, classes: np.ndarray, order: np.ndarray, config,
+            chunk: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    count, patches = order.shape
+    blank = blank_pixels(config)
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(patches)[None].repeat(count, 0), axis=1)  # rank of every patch
+    ranks = ranks.reshape(count, *config.grid_size)
+    steps = curve_steps(patches)
+    result = []
+    for inserting in (False, True):
+        chosen = ranks[:, None] < steps[None, :, None, None]  # [N, K, h, w]: within the top k
+        if inserting:
+            chosen = ~chosen  # blank all but the top k
+        images = blank_patches(np.repeat(pixels, len(steps), 0), chosen.reshape(-1, *config.grid_size),
+                               tuple(config.patch_size), blank)
+        probabilities = []
+        with torch.inference_mode():
+            for start in range(0, len(images), chunk):
+                logits = model(torch.from_numpy(images[start:start + chunk])).logits
+                probabilities.append(logits.softmax(-1).numpy())
+        probabilities = np.concatenate(probabilities).reshape(count, len(steps), -1)
+        result.append(probabilities[np.arange(count), :, classes])
+    return result[0], result[1]
+
+
+def curve_steps(patches: int, points: int = POINTS) -> np.ndarray:
+    """How many patches are blanked at each point of a curve: 0, 5 %, 10 %, ... 100 % of them
+    (rounded; the 10 % and 30 % points are the drops reported)."""
+    return np.unique(np.round(np.linspace(0, 1, points) * patches).astype(int))
+
+
+def auc(curve: np.ndarray, patches: int) -> float:
+    """Mean over images of the trapezoid area under each curve, x = share of patches blanked."""
+    return float(np.trapezoid(curve, x=curve_steps(patches) / patches, axis=1).mean())
+
+
+# Methods --------------------------------------------------------------------------------
+def vit_hub_method(model, name: str, **options) -> MapFn:
+    return lambda pixels, classes: explain(model, pixels, name, classes, **options).maps
+
+
+def model_free(config) -> tuple[str, MapFn]:
+    """Ink per patch (grayscale) or colourfulness per patch (colour): looks at no model."""
+    patch = tuple(config.patch_size)
+    if config.in_channels == 1:
+        blank = blank_pixels(config)
+
+        def ink(pixels: np.ndarray, _classes: np.ndarray) -> np.ndarray:
+            return per_patch((pixels > blank[None, :, None, None] + 1e-3).any(axis=1).astype(np.float32), config)
+        return "ink per patch (looks at no model)", ink
+    return "colourfulness per patch: where the objects are (looks at no model)", lambda p, _c: object_map(p, patch)
+
+
+def captum_ig(model, config, steps: int = 32) -> MapFn:
+    from captum.attr import IntegratedGradients
+
+    method = IntegratedGradients(lambda x: model(x).logits)
+    blank = torch.from_numpy(blank_pixels(config))[None, :, None, None]
+
+    def attribute(pixels: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        inputs = torch.from_numpy(pixels)
+        attributions = method.attribute(inputs, baselines=blank.expand_as(inputs), target=torch.from_numpy(classes),
+                                        n_steps=steps, internal_batch_size=256)
+        return scale_maps(per_patch(attributions.sum(1).detach().numpy(), config))
+    return attribute
+
+
+def grad_cam(model, config) -> MapFn:
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return model(x).logits
+
+    def tokens_to_grid(tokens: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, D, h, w]
+        return tokens[:, 1:].reshape(tokens.shape[0], *config.grid_size, -1).permute(0, 3, 1, 2)
+
+    cam = GradCAM(Logits(), target_layers=[model.blocks[-1].attention_norm], reshape_transform=tokens_to_grid)
+
+    def attribute(pixels: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        maps = cam(torch.from_numpy(pixels), targets=[ClassifierOutputTarget(int(c)) for c in classes])
+        return scale_maps(per_patch(maps, config))
+    return attribute
+
+
+def per_patch(values: np.ndarray, config) -> np.ndarray:
+    """[B, H, W] per-pixel values -> [B, h, w] sums per patch."""
+    (grid_h, grid_w), (patch_h, patch_w) = config.grid_size, config.patch_size
+    return values.reshape(len(values), grid_h, patch_h, grid_w, patch_w).sum(axis=(2, 4))
+
+
+def rows_of(model, config, peers: bool) -> list[tuple[str, MapFn]]:
+    rows = [(f"{method.label} (`{name}`)", vit_hub_method(model, name)) for name, method in METHODS.items()]
+    rows += [(f"Integrated gradients, {steps} steps", vit_hub_method(model, "integrated_gradients", steps=steps))
+             for steps in (4, 16)]
+    if peers:
+        rows += [("captum IntegratedGradients on the pixels, 32 steps (peer)", captum_ig(model, config)),
+                 ("pytorch-grad-cam GradCAM, last block (peer)", grad_cam(model, config))]
+    rows.append(model_free(config))
+    return rows
+
+
+def ms_per_image(attribute: MapFn, pixels: np.ndarray, classes: np.ndarray, count: int) -> float:
+    attribute(pixels[:1], classes[:1])  # warm-up
+    times = []
+    for index in range(min(count, len(pixels))):
+        start = time.perf_counter()
+        attribute(pixels[index:index + 1], classes[index:index + 1])
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
 
 
 def main() -> None:
     args = parse_args()
+    torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    model = load_model(args.model)
+    model = load_model(args.model).eval()
     config = model.config
-    pixels, labels = test_images(args.images, config)
-    grid, patch = config.grid_size, tuple(config.patch_size)
-    count = round(args.share * grid[0] * grid[1])
-    background = (0.0 - np.asarray(config.mean, np.float32)) / np.asarray(config.std, np.float32)
+    pixels = test_images(args.data, args.images, config)
+    with torch.inference_mode():
+        classes = model(torch.from_numpy(pixels)).logits.argmax(-1).numpy()
+    patches = config.grid_size[0] * config.grid_size[1]
+    steps = list(curve_steps(patches))
+    k10, k30 = round(0.1 * patches), round(0.3 * patches)
+    i10, i30 = steps.index(k10), steps.index(k30)  # their columns in the curves
 
-    with torch.no_grad():
-        logits, attentions = model(torch.from_numpy(pixels), output_attentions=True)
-    base = logits.softmax(-1).numpy()[np.arange(len(labels)), labels]
-    accuracy = float((logits.argmax(-1).numpy() == labels).mean())
+    if args.timing == "only":
+        print("| map | ms/img (batch 1) |\n|---|---|")
+        for name, attribute in rows_of(model, config, not args.no_peers):
+            print(f"| {name} | {ms_per_image(attribute, pixels, classes, args.timing_images):.1f} |", flush=True)
+        print(f"\nload average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M')}; one thread; "
+              f"command: python {' '.join(sys.argv)}")
+        return
 
-    def drop(chosen: np.ndarray) -> float:
-        return float((base - true_class_probability(model, mask_patches(pixels, chosen, patch, background), labels)).mean())
+    random_curves = [curves(model, pixels, classes, patch_order(rng.random((len(pixels), *config.grid_size)), rng),
+                            config) for _ in range(args.draws)]
+    random_deletion = np.mean([deletion for deletion, _ in random_curves], axis=0)
+    base = random_deletion[:, 0].mean()
+    random_drop = {k: base - random_deletion[:, i].mean() for k, i in ((k10, i10), (k30, i30))}
 
-    ink = pixels.reshape(len(pixels), config.in_channels, grid[0], patch[0], grid[1], patch[1])
-    has_ink = (ink > background[None, :, None, None, None, None] + 1e-3).any(axis=(1, 3, 5))  # [N, h, w]
-    random_drop = np.mean([drop(random_patches(np.ones_like(has_ink), count, rng)) for _ in range(args.draws)])
-    ink_drop = np.mean([drop(random_patches(has_ink, count, rng)) for _ in range(args.draws)])
+    table = []
+    for name, attribute in rows_of(model, config, not args.no_peers):
+        started = time.perf_counter()
+        maps = np.concatenate([attribute(pixels[i:i + args.batch], classes[i:i + args.batch])
+                               for i in range(0, len(pixels), args.batch)])
+        deletion, insertion = curves(model, pixels, classes, patch_order(maps, rng), config)
+        drops = [(base - deletion[:, i].mean()) / random_drop[k] for k, i in ((k10, i10), (k30, i30))]
+        ms = ms_per_image(attribute, pixels, classes, args.timing_images) if args.timing == "yes" else float("nan")
+        table.append((name, auc(deletion, patches), auc(insertion, patches), *drops, ms))
+        print(f"  {name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    table.append(("random", float(np.mean([auc(deletion, patches) for deletion, _ in random_curves])),
+                  float(np.mean([auc(insertion, patches) for _, insertion in random_curves])), 1.0, 1.0, float("nan")))
 
-    rows = []
-    for head_fusion, discard_ratio in SETTINGS:
-        maps = attention_rollout(attentions, head_fusion, discard_ratio, grid, config.pooling)
-        rows.append((f"rollout {head_fusion}, discard {discard_ratio}", drop(top_patches(maps, count))))
-    _, grad_attentions, gradients = attention_gradients(model, torch.from_numpy(pixels), torch.from_numpy(labels))
-    rows.append(("gradient rollout (true class)", drop(top_patches(gradient_rollout(grad_attentions, gradients, grid, config.pooling), count))))
-
-    print(f"model {args.model}: accuracy {accuracy:.4f} on the first {args.images} MNIST test images; "
-          f"masking {count} of {grid[0] * grid[1]} patches ({args.share:.0%}) with the background value "
-          f"{', '.join(f'{v:.4f}' for v in background)} (pixel 0)")
-    print(f"mean true-class probability {base.mean():.4f}; random {args.share:.0%} drop {random_drop:.4f}, "
-          f"random {args.share:.0%} of ink patches drop {ink_drop:.4f} ({args.draws} draws each); the largest "
-          f"possible drop (to 0) would be a ratio of {base.mean() / random_drop:.2f}x vs random")
-    print("| map | mean drop | ratio vs random | ratio vs random ink patches |\n|---|---|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value:.4f} | {value / random_drop:.2f}x | {value / ink_drop:.2f}x |")
-    print(f"\nload average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M')}; "
+    best_deletion, best_insertion = min(row[1] for row in table), max(row[2] for row in table)
+    print(f"model {args.model}, data {args.data}: the first {len(pixels)} test images, {patches} patches of "
+          f"{config.patch_size[0]}x{config.patch_size[1]}, blank = {', '.join(f'{v:.4f}' for v in blank_pixels(config))}; "
+          f"mean probability of the predicted class {base:.4f}; random drops {random_drop[k10]:.4f} at "
+          f"{k10} patches (10 %), {random_drop[k30]:.4f} at {k30} (30 %); {args.draws} random orders")
+    print("| map | deletion AUC (lower better) | insertion AUC (higher better) | drop at 10 % vs random | "
+          "drop at 30 % vs random | ms/img (batch 1) |\n|---|---|---|---|---|---|")
+    for name, deletion, insertion, drop10, drop30, ms in table:
+        cells = [f"**{deletion:.3f}**" if deletion == best_deletion else f"{deletion:.3f}",
+                 f"**{insertion:.3f}**" if insertion == best_insertion else f"{insertion:.3f}"]
+        print(f"| {name} | {cells[0]} | {cells[1]} | {drop10:.1f}x | {drop30:.1f}x | "
+              f"{'-' if np.isnan(ms) else f'{ms:.1f}'} |")
+    print(f"\nload average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M')}; one thread; "
           f"command: python {' '.join(sys.argv)}")
+    if args.write:
+        write_rows(args, table, len(pixels))
+
+
+def write_rows(args: argparse.Namespace, table: list[tuple], count: int) -> None:
+    """{method name: {deletion_auc, insertion_auc}} for the methods the app offers, and the
+    model-free and random rows, with how they were measured."""
+    labels = {f"{method.label} (`{name}`)": name for name, method in METHODS.items()}
+    rows = {labels.get(name, name): {"deletion_auc": round(deletion, 4), "insertion_auc": round(insertion, 4)}
+            for name, deletion, insertion, *_ in table if name in labels or "no model" in name or name == "random"}
+    args.write.write_text(json.dumps({"images": count, "data": args.data, "command": "python " + " ".join(sys.argv),
+                                      "methods": rows}, indent=2) + "\n")
+    print(f"wrote {args.write}")
 
 
 if __name__ == "__main__":

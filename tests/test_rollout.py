@@ -9,8 +9,8 @@ from PIL import Image
 
 from vit_hub.pretrained import VisionTransformer
 from vit_hub.rollout import (
-    add_residual, attention_gradients, attention_rollout, discard_lowest, fuse_heads,
-    gradient_rollout, heatmap, layer_rollouts, overlay,
+    add_residual, attention_rollout, discard_lowest, fuse_heads, heatmap, last_layer_attention, layer_rollouts,
+    overlay,
 )
 
 
@@ -173,24 +173,15 @@ def test_rollout_of_a_real_non_square_model():
     assert maps.shape == (3, 2, 3)
 
 
-def test_gradient_rollout_follows_the_chosen_class():
-    model = tiny_model(image_size=16)
-    pixels = torch.randn(2, 1, 16, 16)
-    logits, attentions, gradients = attention_gradients(model, pixels, class_index=[0, 2])
-    assert attentions.shape == gradients.shape == (2, 2, 2, 17, 17)
-    assert gradients.abs().sum() > 0
-    maps = gradient_rollout(attentions, gradients)
-    assert maps.shape == (2, 4, 4) and 0.0 <= maps.min() and maps.max() <= 1.0
-    _, _, other = attention_gradients(model, pixels, class_index=1)
-    assert not np.allclose(gradient_rollout(attentions, other), maps)
-    # The hooks are gone again: a plain forward pass still works and captures nothing new.
-    np.testing.assert_allclose(model(pixels).logits.detach(), logits, atol=1e-5)
-    assert all(not block.attention._forward_hooks for block in model.blocks)
-
-
-def test_gradient_rollout_checks_shapes():
-    with pytest.raises(ValueError, match="gradients"):
-        gradient_rollout(random_attentions(tokens=10), np.zeros((1, 2, 3), dtype=np.float32))
+def test_last_layer_attention_reads_the_pooled_row_of_the_last_layer():
+    attentions = random_attentions(tokens=13)  # [3, 4, 2, 13, 13]
+    maps = last_layer_attention(attentions, grid_size=(3, 4))
+    fused = attentions[-1].mean(axis=1)  # [B, T, T]
+    for pooling, rows in (("cls", fused[:, 0, 1:]), ("mean", fused[:, 1:, 1:].mean(axis=1))):
+        expected = rows.reshape(4, 3, 4)
+        low, high = expected.min(axis=(1, 2), keepdims=True), expected.max(axis=(1, 2), keepdims=True)
+        np.testing.assert_allclose(last_layer_attention(attentions, (3, 4), pooling), (expected - low) / (high - low),
+                                   atol=1e-5)
 
 
 def test_overlay_has_the_image_size_and_blends():

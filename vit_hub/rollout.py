@@ -15,6 +15,10 @@ same maps. Results are always NumPy float32 arrays.
 
 Unlike the popular `vit-explain` code, this handles every batch item, non-square grids,
 never discards the class token's entries and renormalises rows with `keepdims`.
+
+Maps that need gradients (gradient rollout, attention x gradient, integrated gradients)
+live in the torch-side `vit_hub.explain`; occlusion (logits only) and the list of methods
+in `vit_hub.attribution`.
 """
 
 from __future__ import annotations
@@ -164,60 +168,17 @@ def attention_rollout(attentions: Any, head_fusion: str = "mean", discard_ratio:
     return layer_rollouts(attentions, head_fusion, discard_ratio, grid_size, pooling)[-1]
 
 
-def gradient_rollout(attentions: Any, gradients: Any, grid_size: tuple[int, int] | None = None,
-                     pooling: str = "cls") -> np.ndarray:
-    """Class-specific rollout (Chefer et al., 2021, "Generic attention-model explainability").
-
-    Each layer's attention is weighted by the gradient of the chosen class score with
-    respect to it, negative contributions are dropped, heads are averaged, and the
-    layers are combined as R <- R + A_bar @ R starting from R = I.
-
-    attentions, gradients: [depth, B, heads, T, T]; grid_size and pooling as for
-    `attention_rollout`. Returns [B, grid_h, grid_w] in [0, 1].
-    """
-    attentions, gradients = as_numpy(attentions), as_numpy(gradients)
+def last_layer_attention(attentions: Any, grid_size: tuple[int, int] | None = None,
+                         pooling: str = "cls") -> np.ndarray:
+    """The last layer's attention from the pooled token(s) to the patches, mean over heads:
+    [depth, B, heads, T, T] -> [B, grid_h, grid_w] in [0, 1]. What the head reads directly,
+    with none of the earlier layers' mixing followed (Dosovitskiy et al. 2020, Figure 6
+    shows rollout instead)."""
+    attentions = as_numpy(attentions)
     _check_attentions(attentions)
-    if gradients.shape != attentions.shape:
-        raise ValueError(
-            f"expected gradients shaped like the attentions {list(attentions.shape)}, "
-            f"got {list(gradients.shape)}"
-        )
     _, batch, _, tokens, _ = attentions.shape
     grid_h, grid_w = _grid(tokens - 1, grid_size)
-    weighted = np.clip(attentions * gradients, 0.0, None).mean(axis=2)  # [L, B, T, T]
-    relevance = np.broadcast_to(np.eye(tokens, dtype=np.float32), (batch, tokens, tokens))
-    for layer in weighted:
-        relevance = relevance + layer @ relevance
-    return scale_maps(_readout(relevance, pooling).reshape(batch, grid_h, grid_w))
-
-
-def attention_gradients(model: Any, pixel_values: Any, class_index: Any = None):
-    """Attentions and their gradients for `gradient_rollout`, from the torch model.
-
-    pixel_values: [B, C, H, W] tensor. class_index: int or [B] ints; the predicted class
-    when None. Returns (logits [B, classes], attentions, gradients), both [depth, B,
-    heads, T, T] tensors. Captures each block's attention weights with forward hooks on
-    the explicit-softmax path (taken because output_attentions=True).
-    """
-    import torch
-
-    captured = []
-    hooks = [block.attention.register_forward_hook(lambda _m, _i, out: captured.append(out[1]))
-             for block in model.blocks]
-    try:
-        with torch.enable_grad():
-            logits, _ = model(pixel_values, output_attentions=True)
-            if any(weights is None for weights in captured) or len(captured) != len(model.blocks):
-                raise RuntimeError("the model returned no attention weights to differentiate")
-            if class_index is None:
-                class_index = logits.argmax(dim=-1)
-            target = torch.as_tensor(class_index, device=logits.device).reshape(-1, 1)
-            score = logits.gather(1, target.expand(logits.shape[0], 1)).sum()
-            gradients = torch.autograd.grad(score, captured)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return logits.detach(), torch.stack(captured).detach(), torch.stack(gradients)
+    return scale_maps(_readout(attentions[-1].mean(axis=1), pooling).reshape(batch, grid_h, grid_w))
 
 
 def heatmap(mask: Any, size: tuple[int, int], colormap: str = "jet") -> np.ndarray:
