@@ -409,3 +409,10 @@ def test_init_refuses_another_architecture_in_one_line(timm_small_grid, split_im
                  *flags, *FAST_TRAIN]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and re.search(message, error), error
+
+
+def test_loading_a_transformers_vit_as_a_vit_hub_model_points_to_import(hf_classifier, capsys):
+    _, folder = hf_classifier
+    assert main(["predict", "--model", str(folder), str(folder / "config.json")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"convert a ViT with: vit-hub import {folder} --out DIR" in error

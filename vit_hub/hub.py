@@ -145,7 +145,10 @@ def check_config(path: Path, source: str) -> None:
     try:
         ViTConfig.from_json(path)
     except ValueError as error:  # not JSON, not our keys, or values out of range
-        raise HubError(f"{source} is not a vit_hub model: {error}") from error
+        hint = ""
+        if '"architecture"' in (text := path.read_text(errors="replace")) or '"model_type"' in text:
+            hint = f" (a timm or transformers model? convert a ViT with: vit-hub import {source} --out DIR)"
+        raise HubError(f"{source} is not a vit_hub model: {error}{hint}") from error
 
 
 def check_repo_id(repo_id: str, flag: str = "repo id") -> None:

@@ -44,6 +44,8 @@ PICKLE_WEIGHTS = ("pytorch_model.bin", "model.pt", "pytorch_model.bin.index.json
 SOURCE_RECORD = "source.json"  # provenance of an imported or fine-tuned model (card.py reads it)
 SOURCE_FLAG = "SRC"
 WHAT = "a ViT that vit-hub import reads (a timm/vit_* or transformers ViT model)"
+# ImageNet-1k's class names in class-index order: the WordNet lemmas of its synsets, as timm
+# lists them (timm/data/_info), one per line.
 IMAGENET_LABELS = Path(__file__).parent / "bundled" / "imagenet_1k_labels.txt"
 
 # timm's configs rarely say how many heads a ViT has (timm's model code does); these are the
