@@ -272,7 +272,7 @@ def test_import_into_a_model_dir_is_refused(hf_classifier, tmp_path, capsys):
     assert "expected a new or empty folder" in capsys.readouterr().err
 
 
-def test_imported_models_give_numpy_friendly_outputs(hf_classifier, tmp_path):
+def test_predict_ranks_the_labels_of_an_imported_model(hf_classifier, tmp_path):
     """predict ranks the source's labels (preprocessing from its image processor)."""
     from vit_hub.predict import predict_images
 
