@@ -171,6 +171,11 @@ def test_transformers_vit_model_imports_as_features_with_its_pooler(tmp_path):
     assert (tokens - expected.last_hidden_state).abs().max() <= TOLERANCE
     with pytest.raises(ValueError, match="without a head .* vit-hub train --init"):
         imported.config.check_has_head("predict")
+    from vit_hub.summary import layer_rows
+
+    # vit-hub info's rows hold every weight, the class token's position and the pooler included
+    assert sum(parameters for _, parameters, _ in layer_rows(imported)) == sum(p.numel() for p in imported.parameters())
+    assert "| classes | none: no head, the output is the pooled features |" in (out / "README.md").read_text()
 
 
 # Through the (local test) Hub ------------------------------------------------------------------

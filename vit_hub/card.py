@@ -83,7 +83,8 @@ def _architecture_table(config: ViTConfig, parameters: int | None) -> str:
         ("patch embedding", config.patch_embedding + (" + locality attention" if config.locality_attention else "")),
         ("regularisation", f"dropout {config.dropout:g}, drop path {config.drop_path:g}"),
         ("normalisation", _normalisation(config)),
-        ("classes", f"{config.num_classes}: {', '.join(config.labels[:12])}{' ...' if config.num_classes > 12 else ''}"),
+        ("classes", f"{config.num_classes}: {', '.join(config.labels[:12])}{' ...' if config.num_classes > 12 else ''}"
+                    if config.num_classes else "none: no head, the output is the pooled features"),
     ]
     if parameters:
         rows.insert(0, ("parameters", f"{parameters / 1e6:.2f} M"))

@@ -29,15 +29,18 @@ def layer_rows(model: VisionTransformer) -> list[tuple[str, int, int]]:
         return int(sum(flops.get(f"VisionTransformer.{name}", {}).values()))
 
     embedding_parameters = _parameters(model.patch_embedding) + model.cls_token.numel()
-    if isinstance(model.pos_embedding, torch.nn.Parameter):
-        embedding_parameters += model.pos_embedding.numel()
+    for positions in (model.pos_embedding, model.cls_position):  # learned ones only
+        if isinstance(positions, torch.nn.Parameter):
+            embedding_parameters += positions.numel()
     rows = [("patch_embedding + cls + positions", embedding_parameters, total("patch_embedding"))]
     for index, block in enumerate(model.blocks):
         rows.append((f"blocks.{index}.attention", _parameters(block.attention) + _parameters(block.attention_norm),
                      total(f"blocks.{index}.attention")))
         rows.append((f"blocks.{index}.mlp", _parameters(block.mlp) + _parameters(block.mlp_norm),
                      total(f"blocks.{index}.mlp")))
-    rows.append(("norm + head", _parameters(model.norm) + _parameters(model.head), total("head")))
+    head_parameters = _parameters(model.norm) + _parameters(model.pre_logits) + _parameters(model.head)
+    name = "norm + pre-logits + head" if config.pre_logits else "norm + head"
+    rows.append((name, head_parameters, total("pre_logits") + total("head")))
     return rows
 
 
