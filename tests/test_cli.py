@@ -97,10 +97,10 @@ def test_eval_prints_one_json_line(trained, split_image_folder):
 
 
 def test_eval_on_a_folder_with_a_corrupt_file_still_prints_only_json(trained, image_folder, corrupt_file):
-    code, stdout, stderr = run_main(["eval", "--model", trained["out"], "--data", image_folder, "--split", "val"])
+    code, stdout, stderr = run_main(["eval", "--model", trained["out"], "--data", image_folder, "--split", "train"])
     assert code == 0, stderr
-    assert json.loads(stdout)["n"] == 4  # a tenth of each class of 24
-    assert str(corrupt_file) in stderr
+    assert json.loads(stdout)["n"] == 45  # 49 files less a tenth of each class; the corrupt one replaced
+    assert str(corrupt_file) in stderr  # met in the training split, named after the evaluation
 
 
 def test_predict_prints_top_k_labels_with_probabilities(trained, split_image_folder):

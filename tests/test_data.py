@@ -33,25 +33,65 @@ def image_files(root):
 
 
 # Image folders ------------------------------------------------------------------------------
-def test_folder_is_split_by_class_and_the_corrupt_file_reported(image_folder, corrupt_file, capsys):
+def test_folder_is_listed_without_reading_and_the_corrupt_file_reported_when_met(image_folder, corrupt_file,
+                                                                                 capsys, monkeypatch):
+    opened = []
+    monkeypatch.setattr(vdata, "open_image", lambda path, name=None: opened.append(path) or Image.new("L", (4, 4)))
     splits = load_splits(str(image_folder), val_split=0.25, seed=0)
-    assert splits.labels == LABELS
+    assert opened == [] and splits.skipped == [] and splits.skipped_report() is None  # listed, not read
+    monkeypatch.undo()
+    assert splits.labels == LABELS and splits.test is None
+    # 25 image files in bright_disc (one corrupt), 24 in dark_square; a quarter of each class held out
+    assert np.bincount(targets_of(splits.val)).tolist() == [6, 6]
+    assert np.bincount(targets_of(splits.train)).tolist() == [19, 18]
+    assert not set(splits.train.indices) & set(splits.val.indices)
+    for split in (splits.train, splits.val):
+        assert all(isinstance(image, Image.Image) and label in (0, 1) for image, label in split)
     assert splits.skipped == [str(corrupt_file)]
     assert splits.skipped_report() == (f"skipped 1 unreadable image(s) (use --strict to fail instead):\n"
                                        f"  {corrupt_file}")
     assert capsys.readouterr() == ("", "")  # library code reports by returning; the CLI prints
-    assert splits.test is None
-    # 24 readable images per class; a quarter of each class held out
-    assert np.bincount(targets_of(splits.val)).tolist() == [6, 6]
-    assert np.bincount(targets_of(splits.train)).tolist() == [18, 18]
-    assert not set(splits.train.indices) & set(splits.val.indices)
-    image, label = splits.train[0]
-    assert isinstance(image, Image.Image) and label in (0, 1)
 
 
-def test_strict_fails_on_the_corrupt_file_naming_it(image_folder, corrupt_file):
-    with pytest.raises(DataError, match=f"unreadable image {corrupt_file}"):
-        load_splits(str(image_folder), strict=True)
+def test_an_unreadable_image_is_replaced_by_the_next_image_of_its_own_split(image_folder, corrupt_file):
+    splits = load_splits(str(image_folder), val_split=0.25, seed=0)
+    paths = [path for path, _ in splits.train.samples]
+    position = paths.index(str(corrupt_file))
+    image, label = splits.train[position]
+    following = paths[(position + 1) % len(paths)]
+    assert np.array_equal(np.asarray(image), np.asarray(Image.open(following)))
+    assert label == splits.train.samples[(position + 1) % len(paths)][1]
+    assert str(corrupt_file) not in [path for path, _ in splits.val.samples]
+
+
+def test_strict_fails_on_the_corrupt_file_naming_it_when_read(image_folder, corrupt_file):
+    splits = load_splits(str(image_folder), strict=True, val_split=0.0)  # listing reads nothing
+    with pytest.raises(DataError, match=f"unreadable image {corrupt_file}") as raised:
+        [splits.train[index] for index in range(len(splits.train))]
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_files_that_loader_workers_cannot_read_reach_the_main_process(image_folder, corrupt_file, strict):
+    splits = load_splits(str(image_folder), strict=strict, val_split=0.0)
+    dataset = vdata.Transformed(splits.train, EvalTransform(identity_config()))
+    loader = make_loader(dataset, 8, shuffle=False, seed=0, num_workers=2, pin_memory=False)
+    assert sum(len(labels) for _, labels in loader) == len(splits.train) == 49  # the corrupt one replaced
+    assert splits.skipped == [str(corrupt_file)]
+    if strict:  # the worker carries on; the main process fails in one line at its next check
+        with pytest.raises(DataError, match=f"unreadable image {corrupt_file} .*is not a readable image"):
+            splits.check_unreadable()
+    else:
+        splits.check_unreadable()
+
+
+def test_folders_are_listed_in_imagefolders_order(split_image_folder):
+    from torchvision.datasets import ImageFolder
+
+    index = vdata.index_image_folder(split_image_folder)
+    for part in ("train", "test"):
+        reference = ImageFolder(str(split_image_folder / part), allow_empty=True)
+        assert index.parts[part] == reference.samples and index.classes == reference.classes
 
 
 def test_split_depends_only_on_the_seed(image_folder):
@@ -128,6 +168,10 @@ def only_corrupt_images(root):
         (root / name / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
 
 
+def read_first_image(root):
+    return load_splits(str(root), val_split=0.0).train[0]
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda root: None, r"expected a folder of images, 'mnist', or a torchvision dataset name .* \(no such folder\)"),
     (lambda root: root.mkdir(), r"expected class subfolders in .* \(ImageFolder layout"),
@@ -135,13 +179,13 @@ def only_corrupt_images(root):
     (one_class, r"expected at least 2 classes in .*, found 1: \['bright_disc'\]"),
     (no_images, "found no readable images in"),
     (one_empty_class, r"class folders \['zebra'\] in .* have no readable images"),
-    (only_corrupt_images, "found no readable images in"),
+    (only_corrupt_images, "found no readable images among the 2 files of this split"),
 ], ids=["missing", "empty", "no-class-folders", "one-class", "no-images", "empty-class", "all-corrupt"])
 def test_unusable_folders_give_one_clear_error(tmp_path, make, message):
     root = tmp_path / "data"
     make(root)
     with pytest.raises(DataError, match=message) as raised:
-        load_splits(str(root))
+        read_first_image(root)  # listing finds all but the last; reading finds that one
     assert "\n" not in str(raised.value)
 
 
@@ -219,7 +263,7 @@ def test_mean_and_std_are_measured_as_the_model_sees_the_pixels():
 
 def test_describe_images_reports_channels_and_typical_size(image_folder):
     stats = describe_images(load_splits(str(image_folder)).train)
-    assert stats.channels == 3 and 18 <= stats.median_side <= 55 and stats.num_train == 44
+    assert stats.channels == 3 and 18 <= stats.median_side <= 55 and stats.num_train == 45
     gray = describe_images(Images([Image.new("L", (30, 40)), Image.new("I;16", (50, 60))]))
     assert (gray.channels, gray.median_side, gray.num_train) == (1, 40, 2)
 
@@ -405,12 +449,13 @@ def test_config_and_preprocess_import_without_torch():
 
 
 def augmented_epochs(dataset, sampler, workers: int, epochs=(0, 1)) -> list[torch.Tensor]:
+    """Each epoch's samples as the training step sees them (finished by ModelInput)."""
     loader = make_loader(dataset, 4, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
                          sampler=sampler, persistent_workers=True)
     batches = []
     for epoch in epochs:
         sampler.set_epoch(epoch)
-        batches.append(torch.cat([pixels for pixels, _ in loader]))
+        batches.append(torch.cat([dataset.transform.model_input(pixels, boxes) for pixels, _, boxes in loader]))
     return batches
 
 
@@ -450,3 +495,64 @@ def test_sampler_keys_name_the_epoch_and_the_index():
     sampler.set_epoch(3)
     keys = list(sampler)
     assert sorted(key - 30 for key in keys) == list(range(10))
+
+
+# Training's two halves: uint8 from the workers, finished on the device ----------------------------------
+def test_unaugmented_training_input_equals_preprocess_with_per_image_statistics(split_image_folder):
+    """Per-image normalisation on the device matches NumPy's to float32 rounding (the config's
+    mean and std match bit for bit: test_training_and_evaluation_datasets_see_...)."""
+    config = ViTConfig(**tiny_config(image_size=[16, 24], pixel_norm="image"))
+    splits = load_splits(str(split_image_folder), val_split=0.0)
+    transform = TrainTransform(config, augment="none")
+    for index, (path, _) in enumerate(splits.train.samples):
+        pixels, box = transform.prepare(splits.train[index][0])
+        assert pixels.dtype == torch.uint8 and box.tolist() == [0, 0, 0, 0]
+        expected = torch.from_numpy(preprocess(path, config))
+        # each side sums in float32 in its own order; a small std (a flat channel) magnifies that
+        torch.testing.assert_close(transform.model_input(pixels[None])[0], expected, rtol=1e-5, atol=1e-4)
+
+
+def test_model_input_erases_only_the_boxes_after_normalising():
+    config = ViTConfig(**tiny_config(image_size=[8, 12], mean=0.2, std=0.5))
+    pixels = torch.full((2, 3, 8, 12), 255, dtype=torch.uint8)
+    boxes = torch.tensor([[1, 2, 3, 4], [0, 0, 0, 0]], dtype=torch.int32)
+    images = vdata.ModelInput(config)(pixels, boxes)
+    erased = torch.zeros(8, 12, dtype=torch.bool)
+    erased[1:4, 2:6] = True
+    assert (images[0][:, erased] == 0).all()
+    assert torch.allclose(images[0][:, ~erased], torch.tensor(1.6)) and torch.allclose(images[1], torch.tensor(1.6))
+
+
+def test_erasing_boxes_fit_and_blank_about_a_quarter_of_the_images():
+    torch.manual_seed(0)
+    boxes = [vdata.erasing_box(20, 30) for _ in range(400)]
+    drawn = [box for box in boxes if box != vdata.NO_BOX]
+    assert 60 <= len(drawn) <= 140
+    assert all(0 <= top and top + height <= 20 and 0 <= left and left + width <= 30 and height and width
+               for top, left, height, width in drawn)
+
+
+def test_colour_jitter_is_one_affine_map_that_keeps_grey_and_turns_hue():
+    grey = Image.new("RGB", (8, 8), (90, 90, 90))
+    torch.manual_seed(0)
+    jittered = np.asarray(vdata.colour_jitter(grey, brightness=0.0, contrast=0.0, saturation=0.3, hue=0.1))
+    assert (jittered == 90).all()  # saturation and hue leave grey alone
+    red = Image.new("RGB", (8, 8), (150, 100, 100))
+    assert (np.asarray(vdata.colour_jitter(red, 0.0, 0.0, 0.0, 0.0)) == (150, 100, 100)).all()  # all factors 1
+    turned = np.asarray(vdata.colour_jitter(red, 0.0, 0.0, 0.0, 0.1)).astype(int)[0, 0]
+    assert turned.sum() == pytest.approx(350, abs=2)  # a turn about the grey axis keeps R + G + B
+    assert turned.tolist() != [150, 100, 100]
+    third = vdata._hue_turn(2 * np.pi / 3)
+    np.testing.assert_allclose(third @ [1, 0, 0], [0, 1, 0], atol=1e-12)  # red -> green, as a hue shift turns it
+    brighter = np.asarray(vdata.colour_jitter(Image.new("L", (4, 4), 100), 0.3, 0.0, 0.3, 0.1))
+    assert brighter.min() == brighter.max() and 70 <= brighter[0, 0] <= 130  # "L": a lookup table
+
+
+def test_per_core_worker_choice_follows_the_device(monkeypatch):
+    monkeypatch.setattr(vdata.os, "cpu_count", lambda: 16)
+    assert vdata.default_workers() == 8  # CPU: half the cores run the model
+    assert vdata.default_workers("cpu", processes=2) == 4
+    assert vdata.default_workers("cuda") == 15  # GPU: all but the training loop's core
+    assert vdata.default_workers("cuda", processes=8) == 1
+    monkeypatch.setattr(vdata.os, "cpu_count", lambda: 64)
+    assert vdata.default_workers("cuda") == 16

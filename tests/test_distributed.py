@@ -108,3 +108,37 @@ def test_ddp_resume_continues_to_the_same_result(shapes_folder, tmp_path):
     assert expected.keys() == actual.keys()
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
+
+
+SHARE_SCRIPT = """
+import os, sys
+import torch.distributed as dist
+from vit_hub import data as vdata
+from vit_hub.train import Trainer, TrainSettings
+
+listed = vdata.index_image_folder
+def index_image_folder(root):
+    print(f"rank {os.environ['RANK']} lists the folder", flush=True)
+    return listed(root)
+vdata.index_image_folder = index_image_folder
+model = dict(embed_dim=16, depth=1, num_heads=2, image_size=16, patch_size=4)
+trainer = Trainer(TrainSettings(data=sys.argv[1], out=sys.argv[2], device="cpu", num_workers=0, batch_size=8,
+                                epochs=1, model=model, seed=3))
+print(f"rank {os.environ['RANK']}: {len(trainer.splits.train)} training images, mean {trainer.config.mean}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_folder_is_listed_once_and_shared_with_every_process(shapes_folder, tmp_path):
+    script = tmp_path / "share.py"
+    script.write_text(SHARE_SCRIPT)
+    package_root = str(Path(vdata.__file__).parents[1])  # the vit_hub under test, wherever the script is
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([*TORCHRUN, str(script), str(shapes_folder), str(tmp_path / "out")], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("lists the folder") == 1 and "rank 0 lists the folder" in result.stdout
+    reports = sorted(line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("rank ")
+                     and "training images" in line)
+    assert len(reports) == 2 and reports[0] == reports[1]  # the same split and the same measured config

@@ -23,11 +23,12 @@ from vit_hub.model import ViTOutput
 from vit_hub.pretrained import VisionTransformer
 from vit_hub.train import (
     CHECKPOINT, Trainer, TrainingError, TrainSettings, build_config, default_batch_size, default_epochs, evaluate,
-    learning_rate, load_checkpoint, parameter_groups, peak_learning_rate, read_checkpoint_state, save_checkpoint,
-    shift_warning, train,
+    choose_compile, flop_rates, learning_rate, load_checkpoint, parameter_groups, peak_flops, peak_learning_rate,
+    read_checkpoint_state, save_checkpoint, shift_warning, train, training_flops,
 )
+from vit_hub.preprocess import preprocess
 
-TIMING = ("images_per_second", "epoch_seconds")
+TIMING = ("images_per_second", "epoch_seconds", "model_tflop_s", "mfu")
 
 
 def tiny_settings(data, out, **overrides) -> TrainSettings:
@@ -83,7 +84,7 @@ def test_short_run_learns_the_easy_task_well_above_chance(learned_run):
 def test_corrupt_file_is_reported_with_its_path_and_skipped(learned_run, corrupt_file):
     assert "skipped 1 unreadable image(s)" in learned_run["stderr"]
     assert str(corrupt_file) in learned_run["stderr"]
-    assert "train 36 | val 12 | test 0 | 2 classes" in learned_run["stdout"]
+    assert "train 37 | val 12 | test 0 | 2 classes" in learned_run["stdout"]  # listed, then read
 
 
 def test_run_writes_a_hub_layout_model_dir_without_pickles(learned_run):
@@ -440,3 +441,73 @@ def test_presets_all_train_one_step():
         loss.backward()
         optimizer.step()
         assert math.isfinite(loss.item()), name
+
+
+# Reproducible input pipeline, the step's choices ----------------------------------------------------------
+def test_the_same_seed_gives_the_same_model_with_or_without_loader_workers(image_folder, tmp_path):
+    """Photo augmentation (drawn in the workers), dropout and drop-path (the main process), the
+    corrupt file replaced: two steps with 0 and with 2 workers give identical weights."""
+    runs = {}
+    for workers in (0, 2):
+        settings = tiny_settings(image_folder, tmp_path / str(workers), epochs=1, batch_size=16, augment="photos",
+                                 num_workers=workers, model=dict(TINY_MODEL, dropout=0.1, drop_path=0.1))
+        runs[workers], _, _ = quietly(train, settings)
+    assert_same_tensors(weights(tmp_path / "0" / CHECKPOINT), weights(tmp_path / "2" / CHECKPOINT))
+    assert without_timing(runs[0]["history"]) == without_timing(runs[2]["history"])
+
+
+def test_evaluation_inputs_equal_preprocess_exactly(split_image_folder, tmp_path):
+    trainer = Trainer(tiny_settings(split_image_folder, tmp_path / "out", num_workers=2))
+    images = torch.cat([batch for batch, _ in trainer._eval_loader("test")])
+    expected = [torch.from_numpy(preprocess(path, trainer.config)) for path, _ in trainer.splits.test.samples]
+    assert images.dtype == torch.float32 and torch.equal(images, torch.stack(expected))
+
+
+@pytest.mark.parametrize("requested, device, steps, triton, capability, compiled, reason", [
+    (None, "cpu", 10**6, True, None, False, "the default on the CPU"),
+    (True, "cpu", 10, False, None, True, "--compile"),
+    (False, "cuda", 10**6, True, (9, 0), False, "--no-compile"),
+    (None, "cuda", 10**6, True, (9, 0), True, "the default for 1000000 steps on CUDA"),
+    (None, "cuda", 4999, True, (9, 0), False, "4999 steps are too few to repay the compile time"),
+    (None, "cuda", 10**6, False, (9, 0), False, "needs Triton"),
+    (None, "cuda", 10**6, True, (6, 1), False, "compute capability 7.0 or newer, this one is 6.1"),
+])
+def test_compile_is_chosen_when_it_pays_and_the_log_says_why(requested, device, steps, triton, capability,
+                                                              compiled, reason):
+    chosen, why = choose_compile(requested, device, steps, triton, capability)
+    assert chosen == compiled and reason in why
+
+
+def test_the_training_log_says_how_the_step_runs(learned_run):
+    assert "step: eager (the default on the CPU; --compile to try it)" in learned_run["stdout"]
+    assert "GFLOP per training image (forward + backward)" in learned_run["stdout"]
+    record = learned_run["metrics"]["history"][0]
+    assert record["model_tflop_s"] > 0 and "mfu" not in record  # no MFU on the CPU: it has no one peak
+
+
+def test_flops_are_counted_on_the_meta_device_as_on_real_tensors():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = VisionTransformer(**tiny_config(dropout=0.1))
+    counter = FlopCounterMode(display=False)
+    with counter, torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        model(torch.randn(1, 3, 16, 16)).logits.sum().backward()
+    state = torch.random.get_rng_state()
+    assert training_flops(model) == counter.get_total_flops() > 0
+    assert torch.equal(torch.random.get_rng_state(), state)  # no random numbers drawn
+
+
+@pytest.mark.parametrize("name, dtype, tflops", [
+    ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989), ("NVIDIA H100 PCIe", torch.bfloat16, 756),
+    ("NVIDIA H100 NVL", torch.float16, 835), ("NVIDIA H200", torch.bfloat16, 989),
+    ("NVIDIA A100-SXM4-80GB", torch.bfloat16, 312), ("NVIDIA A100-PCIE-40GB", torch.float32, 156),
+    ("NVIDIA L4", torch.bfloat16, 121), ("NVIDIA L40S", torch.bfloat16, None), ("Tesla T4", torch.float16, None),
+])
+def test_mfu_uses_the_gpus_dense_peak_and_only_known_gpus(name, dtype, tflops):
+    peak = peak_flops(name, dtype)
+    assert peak == (None if tflops is None else tflops * 1e12)
+    rates = flop_rates(250e12, peak)
+    assert rates["model_tflop_s"] == 250
+    assert ("mfu" in rates) == (tflops is not None)
+    if tflops:
+        assert rates["mfu"] == pytest.approx(250 / tflops)

@@ -69,7 +69,7 @@ def add_field_flags(group, cls: type, names: tuple[str, ...], show_defaults: boo
         if show_defaults and field.default not in (None, dataclasses.MISSING, ""):
             text += f" (default: {field.default})"
         options = dict(dest=field.name, default=None, help=text, choices=field.metadata.get("choices"))
-        if field.type == "bool":
+        if field.type in ("bool", "bool | None"):
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
             continue
         if field.type not in FLAG_TYPES:
@@ -194,8 +194,6 @@ def run_eval(args: argparse.Namespace) -> None:
 
     model = load_model(args.model)
     splits = vdata.load_splits(args.data, args.data_root, args.val_split, args.seed)
-    if splits.skipped:  # stderr: stdout carries the JSON line scripts parse
-        print(splits.skipped_report(), file=sys.stderr)
     if splits.labels != model.config.labels:
         raise ValueError(f"the data's labels {splits.labels[:10]} do not match the model's {model.config.labels[:10]}")
     split = args.split or ("test" if splits.test is not None else "val")
@@ -203,6 +201,8 @@ def run_eval(args: argparse.Namespace) -> None:
     loader = vdata.make_loader(dataset, args.batch_size, shuffle=False, seed=0,
                                num_workers=vdata.default_workers(), pin_memory=False)
     result = evaluate(model, loader, next(model.parameters()).device, model.config.num_classes)
+    if splits.skipped:  # files are checked as they are read; stderr: stdout carries the JSON line scripts parse
+        print(splits.skipped_report(), file=sys.stderr)
     print(json.dumps({"accuracy": result["accuracy"], "loss": result["loss"], "n": result["n"],
                       "split": split, "model": args.model, "data": args.data}))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import math
 import os
 import shutil
 from collections.abc import Callable
@@ -22,15 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageStat
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
-from torchvision import datasets
+from torchvision import datasets, transforms
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from .colour import ColourEvidence, colour_evidence
 from .config import ViTConfig
-from .preprocess import normalize, open_image, preprocess, resize, to_model_domain
+from .preprocess import open_image, preprocess, resize, to_model_domain
 
 BUNDLED_MNIST = Path(__file__).parent / "bundled"
 AUGMENTATIONS = ("auto", "digits", "photos", "none")
@@ -53,21 +54,31 @@ class DataError(ValueError):
 
 @dataclasses.dataclass
 class DataSplits:
-    """Datasets yielding (PIL image, class index); `val`/`test` may be None."""
+    """Datasets yielding (PIL image, class index); `val`/`test` may be None.
+
+    Image files are checked lazily, as they are read: `skipped` lists the unreadable ones met
+    so far, by this process or its DataLoader workers (`UnreadableFiles`)."""
 
     train: Dataset
     val: Dataset | None
     test: Dataset | None
     labels: list[str]
     source: str
-    skipped: list[str] = dataclasses.field(default_factory=list)
+    unreadable: list[UnreadableFiles] = dataclasses.field(default_factory=list)
+
+    @property
+    def skipped(self) -> list[str]:
+        """The unreadable files met so far (each replaced by the next readable image of its split)."""
+        return [path for files in self.unreadable for path in files.met()]
 
     def skipped_report(self) -> str | None:
-        """The unreadable files left out, as lines for stderr (the caller prints them), or None."""
-        if not self.skipped:
-            return None
-        return "\n".join([f"skipped {len(self.skipped)} unreadable image(s) (use --strict to fail instead):",
-                          *(f"  {path}" for path in self.skipped)])
+        """The unreadable files met so far, as lines for stderr (the caller prints them), or None."""
+        return skipped_report(self.skipped)
+
+    def check_unreadable(self) -> None:
+        """With --strict, a file a DataLoader worker could not read fails here, in one line."""
+        for files in self.unreadable:
+            files.check()
 
     def split(self, name: str) -> Dataset:
         dataset = getattr(self, name, None) if name in ("train", "val", "test") else None
@@ -77,19 +88,28 @@ class DataSplits:
         return dataset
 
 
+def skipped_report(paths: list[str]) -> str | None:
+    if not paths:
+        return None
+    return "\n".join([f"skipped {len(paths)} unreadable image(s) (use --strict to fail instead):",
+                      *(f"  {path}" for path in paths)])
+
+
 # Sources ---------------------------------------------------------------------------
 def load_splits(data: str, data_root: str | None = None, val_split: float = 0.1, seed: int = 0,
-                strict: bool = False) -> DataSplits:
-    """Resolve `--data` into train/val/test datasets (see the module docstring)."""
+                strict: bool = False, index: FolderIndex | None = None) -> DataSplits:
+    """Resolve `--data` into train/val/test datasets (see the module docstring). A folder is
+    listed, not read (`index_source`); `index` is that listing when it was made elsewhere
+    (under torchrun, by rank 0 for every process)."""
     if not 0.0 <= val_split < 1.0:
         raise DataError(f"--val-split: expected a fraction in [0, 1), got {val_split}")
-    name = data.lower().replace("-", "").replace("_", "")
+    name = _source_name(data)
     if name == "mnist" and not Path(data).is_dir():
         splits = _bundled_mnist()
     elif name in TORCHVISION_DATASETS and not Path(data).is_dir():
         splits = _torchvision_dataset(name, data_root)
     else:
-        splits = _image_folder(Path(data), strict)
+        splits = _image_folder(index or index_image_folder(Path(data)), strict)
     if splits.val is None and val_split > 0:
         splits.train, splits.val = stratified_split(splits.train, val_split, seed)
     elif splits.val is None:
@@ -97,11 +117,24 @@ def load_splits(data: str, data_root: str | None = None, val_split: float = 0.1,
     return splits
 
 
+def _source_name(data: str) -> str:
+    return data.lower().replace("-", "").replace("_", "")
+
+
+def index_source(data: str) -> FolderIndex | None:
+    """The file listing of `--data` when it names an image folder (None for mnist and the
+    torchvision names, which need no listing): what rank 0 makes once and shares."""
+    name = _source_name(data)
+    if name in ("mnist", *TORCHVISION_DATASETS) and not Path(data).is_dir():
+        return None
+    return index_image_folder(Path(data))
+
+
 def _bundled_mnist() -> DataSplits:
     root = _unpacked_mnist()
     train = datasets.MNIST(root, train=True, download=False)
     test = datasets.MNIST(root, train=False, download=False)
-    return DataSplits(train, None, test, [str(d) for d in range(10)], "mnist (bundled)")
+    return DataSplits(Split(train), None, Split(test), [str(d) for d in range(10)], "mnist (bundled)")
 
 
 def _unpacked_mnist() -> Path:
@@ -139,94 +172,166 @@ def _torchvision_dataset(name: str, data_root: str | None) -> DataSplits:
     labels = [str(label) for label in getattr(train, "classes", [])] or [
         str(i) for i in range(int(max(targets_of(train))) + 1)
     ]
-    return DataSplits(train, None, test, labels, f"{name} ({root})")
+    return DataSplits(Split(train), None, Split(test), labels, f"{name} ({root})")
 
 
-class _ImageChecker:
-    """`is_valid_file` for ImageFolder: image extensions only, and the file must decode in
-    full within the size limit (`open_image`). Checking only the header (PIL's verify())
-    lets a truncated JPEG through to fail mid-training. Unreadable files are collected (or
-    raise at once with `strict`)."""
+# Image folders: listed at start-up, each file checked when it is read -------------------------
+@dataclasses.dataclass
+class FolderIndex:
+    """What an image folder holds, from its directory listing alone (no file is opened):
+    the classes of its training folder and, per folder, (path, class index) in ImageFolder's
+    order. Plain data, so rank 0 lists a folder once and sends the listing to every process."""
 
-    def __init__(self, strict: bool):
-        self.strict = strict
-        self.unreadable: list[str] = []
-
-    def __call__(self, path: str) -> bool:
-        if not path.lower().endswith(IMG_EXTENSIONS):
-            return False
-        try:
-            open_image(path, Path(path).name).close()
-            return True
-        except Exception as error:  # open_image's one-line errors, and whatever else a broken file raises
-            if self.strict:
-                raise DataError(f"unreadable image {path} ({error})") from None
-            self.unreadable.append(path)
-            return False
+    root: str
+    classes: list[str]
+    parts: dict[str, list[tuple[str, int]]]  # "train" (the root itself without train/), "val", "test"
 
 
-def _load_as_is(path: str) -> Image.Image:
-    """Decode an image in its own mode. (ImageFolder's default loader converts to RGB, which
-    saturates 16-bit images, drops alpha without compositing and hides grayscale folders.)"""
-    with Image.open(path) as image:
-        image.load()
-        return image
-
-
-class _Folder(datasets.ImageFolder):
-    """ImageFolder whose class list can be fixed, so test/ maps names like train/ does.
-    Images keep their mode; the transforms convert them exactly as `preprocess` does."""
-
-    def __init__(self, root: Path, checker: _ImageChecker, classes: list[str] | None = None):
-        self._fixed_classes = classes
-        super().__init__(str(root), loader=_load_as_is, is_valid_file=checker, allow_empty=True)
-
-    def find_classes(self, directory: str):
-        found = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir() and not entry.name.startswith("."))
-        if self._fixed_classes is None:
-            return found, {name: i for i, name in enumerate(found)}
-        extra = sorted(set(found) - set(self._fixed_classes))
-        if extra:
-            raise DataError(f"{directory} has classes {extra} that the training folder does not have")
-        return self._fixed_classes, {name: i for i, name in enumerate(self._fixed_classes)}
-
-
-def _image_folder(root: Path, strict: bool) -> DataSplits:
+def index_image_folder(root: Path) -> FolderIndex:
+    """List `root` (ImageFolder layout, optionally with train/ val/ test/ beside each other).
+    Errors that the listing can show (no class folders, one class, a class without image
+    files, a test class training lacks) are raised here, in one line."""
     if not root.is_dir():
         raise DataError(
             f"--data: expected a folder of images, 'mnist', or a torchvision dataset name "
             f"({', '.join(TORCHVISION_DATASETS)}), got {str(root)!r} (no such folder)"
         )
-    checker = _ImageChecker(strict)
     has_train = (root / "train").is_dir()
     train_root = root / "train" if has_train else root
-    train = _checked_folder(train_root, checker, None)
-    val = test = None
-    if has_train:
-        if (root / "val").is_dir():
-            val = _checked_folder(root / "val", checker, train.classes)
-        if (root / "test").is_dir():
-            test = _checked_folder(root / "test", checker, train.classes)
-    return DataSplits(train, val, test, list(train.classes), str(root), checker.unreadable)
+    classes = _class_folders(train_root)
+    if len(classes) < 2:
+        raise DataError(f"expected at least 2 classes in {train_root}, found {len(classes)}: {classes}")
+    parts = {"train": _image_files(train_root, classes)}
+    counts = np.bincount([label for _, label in parts["train"]], minlength=len(classes))
+    empty = [name for name, count in zip(classes, counts) if count == 0]
+    if empty:
+        raise DataError(f"class folders {empty} in {train_root} have no readable images "
+                        f"(no files with the extensions {', '.join(IMG_EXTENSIONS)})")
+    for name in ("val", "test") if has_train else ():
+        if (root / name).is_dir():
+            extra = sorted(set(_class_folders(root / name)) - set(classes))
+            if extra:
+                raise DataError(f"{root / name} has classes {extra} that the training folder does not have")
+            parts[name] = _image_files(root / name, classes)
+    return FolderIndex(str(root), classes, parts)
 
 
-def _checked_folder(root: Path, checker: _ImageChecker, classes: list[str] | None) -> _Folder:
-    found = [entry for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith(".")]
+def _class_folders(root: Path) -> list[str]:
+    found = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
     if not found:
         raise DataError(
             f"expected class subfolders in {root} (ImageFolder layout: {root}/<class>/<image>), found none"
         )
-    folder = _Folder(root, checker, classes)
-    if not folder.samples:
-        raise DataError(f"found no readable images in {root} (extensions: {', '.join(IMG_EXTENSIONS)})")
-    counts = np.bincount(folder.targets, minlength=len(folder.classes))
-    if classes is None:
-        if len(folder.classes) < 2:
-            raise DataError(f"expected at least 2 classes in {root}, found {len(folder.classes)}: {folder.classes}")
-        empty = [name for name, count in zip(folder.classes, counts) if count == 0]
-        if empty:
-            raise DataError(f"class folders {empty} in {root} have no readable images")
-    return folder
+    return found
+
+
+def _image_files(root: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """(path, class index) of every file with an image extension under root/<class>/, sorted
+    as torchvision's ImageFolder sorts them; nothing is opened."""
+    samples = []
+    for label, name in enumerate(classes):
+        folder = root / name
+        if not folder.is_dir():
+            continue
+        for directory, _, names in sorted(os.walk(folder, followlinks=True)):
+            samples.extend((os.path.join(directory, file), label) for file in sorted(names)
+                           if file.lower().endswith(IMG_EXTENSIONS))
+    if not samples:
+        raise DataError(f"found no readable images in {root} (no files with the extensions {', '.join(IMG_EXTENSIONS)})")
+    return samples
+
+
+class UnreadableImage(DataError):
+    """A file that does not decode (see `UnreadableFiles`); `Split` reads the next image instead."""
+
+
+class UnreadableFiles:
+    """Which files of a folder turned out unreadable when read (a JPEG cut short, an image
+    over 64 megapixels, not an image at all). One flag per file in shared memory, so a file
+    a DataLoader worker meets is seen by the process that reports it (`met`), and each is
+    tried once. With `strict`, the first one fails in one line: at once when met in this
+    process, at the next `check` when met by a worker."""
+
+    def __init__(self, paths: list[str], strict: bool):
+        self.paths, self.strict = paths, strict
+        self.flags = torch.zeros(len(paths), dtype=torch.bool).share_memory_()
+
+    def mark(self, index: int, error: Exception) -> None:
+        self.flags[index] = True
+        if self.strict and torch.utils.data.get_worker_info() is None:
+            raise DataError(f"unreadable image {self.paths[index]} ({error})") from None
+
+    def met(self) -> list[str]:
+        return [self.paths[i] for i in self.flags.nonzero().flatten().tolist()]
+
+    def check(self) -> None:
+        if self.strict and bool(self.flags.any()):
+            path = self.met()[0]
+            try:  # the reason, again: the worker that met the file cannot send it
+                open_image(path, Path(path).name).close()
+                reason = "it read on a second try"
+            except Exception as error:
+                reason = str(error)
+            raise DataError(f"unreadable image {path} ({reason})")
+
+
+class _Folder(Dataset):
+    """(PIL image, class index) of a listed folder; a file is decoded in full (within the size
+    limit of `open_image`) when read, and one that fails is marked and raises UnreadableImage.
+    Checking only the header (PIL's verify()) would let a truncated JPEG through to fail
+    mid-training. Images keep their mode; the transforms convert them as `preprocess` does."""
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], strict: bool):
+        self.samples, self.classes = samples, classes
+        self.targets = [label for _, label in samples]
+        self.unreadable = UnreadableFiles([path for path, _ in samples], strict)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        path, label = self.samples[index]
+        if not self.unreadable.flags[index]:
+            try:
+                return open_image(path, Path(path).name), label
+            except Exception as error:  # open_image's one-line errors, and whatever else a broken file raises
+                self.unreadable.mark(index, error)
+        raise UnreadableImage(f"unreadable image {path}")
+
+
+def _image_folder(index: FolderIndex, strict: bool) -> DataSplits:
+    folders = {name: _Folder(samples, index.classes, strict) for name, samples in index.parts.items()}
+    return DataSplits(Split(folders["train"]), Split(folders["val"]) if "val" in folders else None,
+                      Split(folders["test"]) if "test" in folders else None, list(index.classes), index.root,
+                      [folder.unreadable for folder in folders.values()])
+
+
+class Split(Subset):
+    """A split of a dataset (all of it by default). An image that cannot be read is replaced
+    by the next readable one of the same split, so a bad file never stops a run and never
+    brings an image of another split in."""
+
+    def __init__(self, dataset: Dataset, indices=None):
+        super().__init__(dataset, range(len(dataset)) if indices is None else indices)
+
+    def __getitem__(self, index: int):
+        if not -len(self.indices) <= index < len(self.indices):
+            raise IndexError(f"index {index} out of range for a split of {len(self.indices)} images")
+        for step in range(len(self.indices)):
+            try:
+                return self.dataset[self.indices[(index + step) % len(self.indices)]]
+            except UnreadableImage:
+                continue
+        raise DataError(f"found no readable images among the {len(self.indices)} files of this split; "
+                        f"expected images Pillow decodes")
+
+    def __getitems__(self, indices: list[int]) -> list:
+        return [self[index] for index in indices]
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """(path, class index) of each image, for a split of a folder."""
+        return [self.dataset.samples[index] for index in self.indices]
 
 
 # Splitting and statistics ------------------------------------------------------------
@@ -258,7 +363,10 @@ def stratified_split(dataset: Dataset, fraction: float, seed: int) -> tuple[Subs
     keep = np.setdiff1d(np.arange(len(targets)), held)
     if len(held) == 0:
         raise DataError(f"--val-split {fraction} leaves no validation images out of {len(targets)}")
-    return Subset(dataset, keep.tolist()), Subset(dataset, held.tolist())
+    base, positions = (dataset.dataset, np.asarray(dataset.indices)) if isinstance(dataset, Split) else (dataset, None)
+    if positions is not None:
+        keep, held = positions[keep], positions[held]
+    return Split(base, keep.tolist()), Split(base, held.tolist())
 
 
 @dataclasses.dataclass
@@ -316,6 +424,50 @@ class EvalTransform:
         return torch.from_numpy(preprocess(image, self.config))
 
 
+class ModelInput:
+    """The last step of training's preprocessing, on whatever device the batch is on: uint8
+    pixels [B, C, H, W] -> float32 scaled to [0, 1] and normalised as `preprocess.normalize`
+    does (the config's mean and std, or each image's own), then random erasing where a box is
+    given. Run on the GPU in the training step, it takes the per-pixel float work off the
+    DataLoader workers and sends a quarter of the bytes through shared memory and PCIe.
+    With the config's mean and std the result equals `preprocess` bit for bit (tested on
+    the CPU); with per-image statistics to float32 rounding."""
+
+    def __init__(self, config: ViTConfig):
+        self.config = config
+        self._stats: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, pixels: torch.Tensor, boxes: torch.Tensor | None = None) -> torch.Tensor:
+        images = pixels.float().div_(255.0)
+        if self.config.pixel_norm == "image":
+            std, mean = torch.std_mean(images, dim=(2, 3), correction=0, keepdim=True)
+            images = images.sub_(mean).div_(std.clamp_min_(1 / 255))  # a flat channel stays finite
+        else:
+            mean, std = self._dataset_stats(images.device)
+            images = images.sub_(mean).div_(std)
+        if boxes is not None:
+            images = images.masked_fill_(_box_masks(boxes.to(images.device), *images.shape[-2:])[:, None], 0.0)
+        return images
+
+    def _dataset_stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._stats:
+            self._stats[device] = tuple(torch.tensor(values, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+                                        for values in (self.config.mean, self.config.std))
+        return self._stats[device]
+
+
+def _box_masks(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """[B, 4] boxes (top, left, height, width; height 0: none) -> [B, H, W] bool masks."""
+    top, left, box_height, box_width = (column[:, None, None] for column in boxes.unbind(1))
+    rows = torch.arange(height, device=boxes.device)[None, :, None]
+    columns = torch.arange(width, device=boxes.device)[None, None, :]
+    return (rows >= top) & (rows < top + box_height) & (columns >= left) & (columns < left + box_width)
+
+
+NO_BOX = (0, 0, 0, 0)
+GREY = np.array([0.299, 0.587, 0.114])  # luma weights of PIL's and torchvision's grayscale
+
+
 class TrainTransform:
     """Random augmentation, then the same conversion and normalisation as EvalTransform.
 
@@ -323,31 +475,114 @@ class TrainTransform:
     photos: random-resized crop that keeps most of the frame (a small object is not cropped
         away), horizontal flip, colour jitter (another camera, stain or light: brightness,
         contrast, saturation and hue), RandAugment, then random erasing.
+
+    It runs in two halves: `prepare` (in a DataLoader worker: decode-side PIL work, ending in
+    uint8 pixels and the box random erasing will blank) and `ModelInput` (in the training
+    step, on the device). Calling the transform does both, for one image.
     """
 
     def __init__(self, config: ViTConfig, augment: str):
         self.config = config
         self.augment = resolve_augment(augment, config)
-        size = tuple(config.image_size)
+        self.model_input = ModelInput(config)
         if self.augment == "digits":
-            self.before = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=8)
+            self.affine = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=8)
         elif self.augment == "photos":
-            self.before = v2.Compose([
-                v2.RandomResizedCrop(size, scale=CROP_SCALE, antialias=True,
-                                     interpolation=v2.InterpolationMode(config.interpolation)),
-                v2.RandomHorizontalFlip(),
-                v2.ColorJitter(brightness=0.3, contrast=0.3, saturation=0.3, hue=0.1),
-                v2.RandAugment(num_ops=2, magnitude=9),
-            ])
+            self.rand_augment = v2.RandAugment(num_ops=2, magnitude=9)
+
+    def prepare(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decoded image -> (uint8 pixels [C, H, W] at the model's size, erasing box [4])."""
+        image = to_model_domain(image, self.config)
+        box = NO_BOX
+        if self.augment == "photos":
+            image = random_resized_crop(image, self.config)
+            if torch.rand(1) < 0.5:
+                image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            image = self.rand_augment(colour_jitter(image))
+            box = erasing_box(*self.config.image_size)
+        elif self.augment == "digits":
+            image = self.affine(resize(image, self.config))
         else:
-            self.before = v2.Identity()
-        self.after = v2.RandomErasing(p=0.25, value=0) if self.augment == "photos" else v2.Identity()
+            image = resize(image, self.config)
+        return uint8_pixels(image), torch.tensor(box, dtype=torch.int32)
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        image = to_model_domain(image, self.config)
-        image = self.before(resize(image, self.config) if self.augment != "photos" else image)
-        image = resize(image, self.config)  # a no-op unless nothing above resized
-        return self.after(torch.from_numpy(normalize(np.asarray(image), self.config)))
+        pixels, box = self.prepare(image)
+        return self.model_input(pixels[None], box[None])[0]
+
+
+def uint8_pixels(image: Image.Image) -> torch.Tensor:
+    """An "L" or "RGB" image -> uint8 tensor [C, H, W]."""
+    array = np.array(image)
+    return torch.from_numpy(array[None] if array.ndim == 2 else array.transpose(2, 0, 1).copy())
+
+
+def random_resized_crop(image: Image.Image, config: ViTConfig) -> Image.Image:
+    """A random part of the image (CROP_SCALE of its area, aspect 3:4 to 4:3), resized to the
+    model's size in one resampling (PIL reads the box; no crop is copied first)."""
+    top, left, height, width = transforms.RandomResizedCrop.get_params(image, list(CROP_SCALE), [3 / 4, 4 / 3])
+    size_y, size_x = config.image_size
+    resample = Image.Resampling[config.interpolation.upper()]  # the filter `preprocess.resize` uses
+    return image.resize((size_x, size_y), resample, box=(left, top, left + width, top + height))
+
+
+def colour_jitter(image: Image.Image, brightness: float = 0.3, contrast: float = 0.3, saturation: float = 0.3,
+                  hue: float = 0.1) -> Image.Image:
+    """torchvision's ColorJitter (these factors, a random order each image) as one affine
+    colour map, applied in a single pass (PIL's matrix convert; a lookup table for "L"):
+    brightness scales, contrast blends towards the mean grey, saturation towards each pixel's
+    grey, hue turns colours about the grey axis by up to hue x 360 degrees (red towards green
+    for a positive turn, as a hue shift does). Five times cheaper than the four operations
+    one after another (BENCHMARKS.md, issue 17); values are clipped once, at the end."""
+    order = torch.randperm(4).tolist()
+    factors = [float(torch.empty(1).uniform_(1 - spread, 1 + spread)) for spread in (brightness, contrast, saturation)]
+    turn = float(torch.empty(1).uniform_(-hue, hue))
+    colour = image.mode == "RGB"
+    means = np.asarray(ImageStat.Stat(image).mean)
+    grey = GREY if colour else np.ones(1)
+    identity = np.eye(len(means))
+    matrix, offset = identity, np.zeros(len(means))
+    for operation in order:
+        shift = 0.0
+        if operation == 0:
+            step = factors[0] * identity
+        elif operation == 1:
+            step, shift = factors[1] * identity, (1 - factors[1]) * grey @ (matrix @ means + offset)
+        elif operation == 2 and colour:
+            step = factors[2] * identity + (1 - factors[2]) * np.outer(np.ones(3), GREY)
+        elif operation == 3 and colour:
+            step = _hue_turn(2 * np.pi * turn)
+        else:
+            continue  # saturation and hue leave a grey image as it is
+        matrix, offset = step @ matrix, step @ offset + shift
+    if colour:
+        return image.convert("RGB", tuple(np.concatenate([matrix, offset[:, None]], axis=1).ravel().tolist()))
+    table = np.clip(np.round(matrix[0, 0] * np.arange(256) + offset[0]), 0, 255).astype(np.uint8)
+    return image.point(table.tolist())
+
+
+def _hue_turn(angle: float) -> np.ndarray:
+    """Rotation of RGB space by `angle` about the grey axis (1, 1, 1) (Rodrigues' formula)."""
+    axis = np.ones(3) / np.sqrt(3)
+    cross = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    return np.cos(angle) * np.eye(3) + np.sin(angle) * cross + (1 - np.cos(angle)) * np.outer(axis, axis)
+
+
+def erasing_box(height: int, width: int, p: float = 0.25, scale=(0.02, 0.33), ratio=(0.3, 3.3)) -> tuple:
+    """The box random erasing blanks (torchvision's RandomErasing parameters): (top, left,
+    height, width), or NO_BOX for the three images in four it leaves alone."""
+    if torch.rand(1) >= p:
+        return NO_BOX
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        area = height * width * torch.empty(1).uniform_(*scale).item()
+        aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        box_height, box_width = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
+        if box_height < height and box_width < width:
+            top = int(torch.randint(0, height - box_height + 1, size=(1,)))
+            left = int(torch.randint(0, width - box_width + 1, size=(1,)))
+            return top, left, box_height, box_width
+    return NO_BOX
 
 
 def resolve_augment(augment: str, config: ViTConfig) -> str:
@@ -379,7 +614,9 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class SeededAugmentation(Dataset):
-    """(PIL image, label) dataset -> (augmented tensor, label), keyed by `epoch * n + index`.
+    """(PIL image, label) dataset -> (uint8 pixels, label, erasing box) from
+    `TrainTransform.prepare`, keyed by `epoch * n + index`; the training step finishes each
+    batch on the device with the transform's `model_input`.
 
     Each sample draws its augmentation from its own seed (`sample_seed`) inside a forked
     RNG, so the images a run sees depend on the seed alone: not on the number of DataLoader
@@ -387,7 +624,7 @@ class SeededAugmentation(Dataset):
     the main process's RNG (dropout) is left untouched when there are no workers.
     """
 
-    def __init__(self, dataset: Dataset, transform: Callable[[Image.Image], torch.Tensor], seed: int):
+    def __init__(self, dataset: Dataset, transform: TrainTransform, seed: int):
         self.dataset = dataset
         self.transform = transform
         self.seed = seed
@@ -399,9 +636,9 @@ class SeededAugmentation(Dataset):
         epoch, index = divmod(key, len(self.dataset))
         image, label = self.dataset[index]
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.seed, epoch, index))
-            pixels = self.transform(image)
-        return pixels, int(label)
+            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))  # the CPU stream only: 0.3 ms less
+            pixels, box = self.transform.prepare(image)
+        return pixels, int(label), box
 
 
 class EpochSampler(Sampler[int]):
@@ -436,9 +673,15 @@ class EpochSampler(Sampler[int]):
         return len(self._keys())
 
 
-def default_workers() -> int:
-    """Half the cores for decoding and augmentation (the rest run the model), at most 8."""
-    return max(0, min(8, (os.cpu_count() or 1) // 2))
+def default_workers(device_type: str = "cpu", processes: int = 1) -> int:
+    """DataLoader workers per process. On the CPU half the cores decode and augment (the rest
+    run the model), at most 8. On a GPU the model needs no cores: each process's share of
+    them, less one for its own loop, at most 16 (ViT-S/16 on an H100 took 1,313-1,409 img/s
+    from 8 workers and 1,802-2,103 from 15 with the loader before issue 17)."""
+    cores = os.cpu_count() or 1
+    if device_type == "cuda":
+        return max(1, min(16, cores // max(1, processes) - 1))
+    return max(0, min(8, cores // 2 // max(1, processes)))
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int,
