@@ -329,6 +329,11 @@ class Split(Subset):
         return [self[index] for index in indices]
 
     @property
+    def targets(self) -> list[int]:
+        """Class index of each image, as torchvision datasets name them (nothing is decoded)."""
+        return targets_of(self).tolist()
+
+    @property
     def samples(self) -> list[tuple[str, int]]:
         """(path, class index) of each image, for a split of a folder."""
         return [self.dataset.samples[index] for index in self.indices]
