@@ -443,6 +443,7 @@ class Trainer:
         self.splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split,
                                         settings.seed, settings.strict, index=index)
         self.reported: set[str] = set()  # unreadable files already named on stderr
+        self.unreadable_checked = -math.inf  # when the flags were last read
         # Pretrained weights (--init) are read once, when a run starts; a resumed run has them in its checkpoint.
         self.start = None if resume or not settings.init else self._load_init(settings)
         if resume:
@@ -690,7 +691,11 @@ class Trainer:
     def _report_unreadable(self, gather: bool = False) -> None:
         """Unreadable files met since the last call, named once each on stderr by the main
         process (with --strict, the first fails the run in one line). Each process meets
-        its own; `gather` (at the end of an epoch, on every process) collects them all."""
+        its own; `gather` (at the end of an epoch, on every process) collects them all. Between
+        those, the flags are read at most once a second (a scan of 1M flags takes about 1 ms)."""
+        if not gather and time.monotonic() - self.unreadable_checked < 1.0:
+            return
+        self.unreadable_checked = time.monotonic()
         self.splits.check_unreadable()
         met = self.splits.skipped
         if gather and self.runtime.distributed:
