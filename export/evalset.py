@@ -29,8 +29,9 @@ def load_eval_set(data: str, config: ViTConfig, data_root: str | None = None) ->
     splits = vdata.load_splits(data, data_root)
     name = "test" if splits.test is not None else "val"
     dataset = vdata.Transformed(splits.split(name), vdata.EvalTransform(config))
-    skipped = f", {len(splits.skipped)} unreadable files skipped" if splits.skipped else ""
-    return EvalSet(dataset, splits.labels, f"{splits.source}, {name} split{skipped}")
+    # Files are checked as they are read (an unreadable one is replaced by the next readable
+    # image), so no count of them can be known here.
+    return EvalSet(dataset, splits.labels, f"{splits.source}, {name} split")
 
 
 def check_labels(eval_set: EvalSet, config: ViTConfig) -> None:

@@ -108,8 +108,7 @@ def load_pixels(data: str | Path, config: ViTConfig, count: int = 64, seed: int 
         splits = load_splits(str(data), data_root)
         dataset = splits.split(split)
         picks = _pick(len(dataset), count, seed)
-        skipped = f", {len(splits.skipped)} unreadable files skipped" if splits.skipped else ""
-        images, source = [dataset[i][0] for i in picks], f"{len(picks)} {split} images of {data}{skipped}"
+        images, source = [dataset[i][0] for i in picks], f"{len(picks)} {split} images of {data}"
     return np.stack([preprocess(image, config) for image in images]), source
 
 
