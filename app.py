@@ -40,6 +40,7 @@ from vit_hub.postprocess import softmax, top_k
 from vit_hub.canonical import EmptyImageError, centre_digit
 from vit_hub.insight import ModelViews, compute_views, default_data, head_grid, head_maps, load_pixels, pooled_token
 from vit_hub.preprocess import load_image, model_pixels, open_image, resize, to_model_domain, to_model_mode
+from vit_hub.attribution import METHODS, attention_map, blank_pixels, check_method, occlusion
 from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
 
 ROOT = Path(__file__).resolve().parent
@@ -59,6 +60,16 @@ MAX_NAME_CHARS = 80  # of a client's file name, when a message names it
 MAX_PORT = 65535
 # An absolute path in a message: /dir/.../name or C:\dir\...\name; `name` is its last part.
 ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~])/|\b[A-Za-z]:[\\/])(?:[^\s/\\'\"]+[/\\])*(?P<name>[^\s/\\'\"]*)")
+# The map the page opens with: of the methods whose whole /predict handler takes at most about
+# 15 ms on a 2-core CPU (QUICK_METHODS; BENCHMARKS.md, "Explanation faithfulness"), the one
+# measured most faithful on the served model (insertion minus deletion AUC in its
+# faithfulness.json); DEFAULT_METHOD for a model never measured, ONNX_DEFAULT_METHOD when the
+# backend computes no gradients and nothing was measured.
+QUICK_METHODS = ("rollout", "last_attention", "gradient_rollout", "attention_gradient", "last_attention_gradient",
+                 "gradient_x_input", "integrated_gradients", "integrated_gradients_rollout", "gradient_x_embedding")
+DEFAULT_METHOD = "integrated_gradients"
+ONNX_DEFAULT_METHOD = "rollout"
+FAITHFULNESS_FILE = "faithfulness.json"  # in the model dir: written by bench/faithfulness.py --write
 # Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck.
 CSS = "#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }"
 
@@ -69,9 +80,14 @@ class Predictor(Protocol):
 
     config: ViTConfig
     description: str  # shown on the page, e.g. "torch (CPU)"
+    methods: tuple[str, ...]  # the explanation methods it computes (names in vit_hub.attribution.METHODS)
+    model_dir: Path | None  # where the model's files are, when they are in a local folder
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 [B, C, H, W] -> (probabilities [B, classes], attentions [depth, B, heads, T, T])."""
+
+    def explain(self, pixels: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """float32 [B, C, H, W] -> (probabilities, attentions, the method's maps [B, grid_h, grid_w])."""
 
     def weights(self) -> dict[str, np.ndarray] | None:
         """The model's weights as arrays (for the "Inside the model" tab), None when it has none."""
@@ -94,12 +110,16 @@ class TorchPredictor:
         self.model = model.eval()
         self.config = model.config
         self.description = "torch (CPU)"
+        self.methods = tuple(METHODS)
+        self.model_dir: Path | None = None
 
     @classmethod
     def load(cls, reference: str | Path, threads: int | None = 1) -> "TorchPredictor":
         from vit_hub.pretrained import load_model
 
-        return cls(load_model(reference), threads)
+        predictor = cls(load_model(reference), threads)
+        predictor.model_dir = Path(reference) if Path(reference).is_dir() else None
+        return predictor
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         import torch
@@ -107,6 +127,12 @@ class TorchPredictor:
         with torch.inference_mode():
             logits, attentions = self.model(torch.from_numpy(pixels), output_attentions=True)
         return softmax(logits.numpy()), torch.stack(attentions).numpy()
+
+    def explain(self, pixels: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from vit_hub.explain import explain
+
+        logits, attentions, maps = explain(self.model, pixels, method)
+        return softmax(logits), attentions, maps
 
     def weights(self) -> dict[str, np.ndarray]:
         from vit_hub.insight import torch_weights
@@ -122,6 +148,8 @@ class OnnxPredictor:
             raise ValueError(f"{classifier.model_path} has no attentions graph; export with --output-attentions")
         self.classifier = classifier
         self.config = classifier.config
+        self.methods = tuple(name for name, method in METHODS.items() if method.needs != "gradients")
+        self.model_dir = classifier.model_dir
         self.description = f"ONNX Runtime ({classifier.providers[0]}, {classifier.precision})"
         # One run now: a graph that cannot load fails at start, not at a user's first request.
         self.predict(np.zeros((1, self.config.in_channels, *self.config.image_size), dtype=np.float32))
@@ -138,6 +166,21 @@ class OnnxPredictor:
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         logits, attentions = self.classifier.run(pixels, output_attentions=True)
         return softmax(logits), attentions
+
+    def explain(self, pixels: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The maps that need no gradients: from the attentions, or occlusion from the logits graph."""
+        if check_method(method).needs == "gradients":
+            raise ValueError(f"{METHODS[method].label} needs gradients, which the ONNX backend does not compute: "
+                             f"start the app with --backend torch, or choose one of "
+                             f"{', '.join(METHODS[name].label for name in self.methods)}")
+        probabilities, attentions = self.predict(pixels)
+        if method == "occlusion":
+            config = self.config
+            maps = occlusion(self.classifier.run, pixels, probabilities.argmax(-1), config.grid_size,
+                             tuple(config.patch_size), blank_pixels(config))
+        else:
+            maps = attention_map(method, attentions, self.config)
+        return probabilities, attentions, maps
 
     def weights(self) -> dict[str, np.ndarray] | None:
         """model.safetensors read as arrays (no torch) when the model dir has it; else None."""
@@ -221,7 +264,7 @@ def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
 @dataclass
 class Explanation:
     scores: dict[str, float]  # top-k label -> probability
-    overlay: Image.Image  # rollout over the display image
+    overlay: Image.Image  # the chosen method's map over the display image
     strip: Image.Image  # rollout after each layer, left to right
     model_input: Image.Image  # the input as the model saw it (canonicalised, resized), enlarged
     heads: Image.Image  # each head's attention from the pooled token: a row per layer, a column per head
@@ -260,19 +303,60 @@ def layer_strip(view: Image.Image, maps: np.ndarray) -> Image.Image:
 
 
 def explain(predictor: Predictor, view: Image.Image, head_fusion: str, discard_ratio: float,
-            k: int) -> Explanation:
-    """Classify `view` (already in the model's domain: `to_model_domain`) and draw the rollout
-    over it, at its display size."""
+            k: int, method: str = "rollout") -> Explanation:
+    """Classify `view` (already in the model's domain: `to_model_domain`) and draw the
+    method's map over it, at its display size. Rollout uses head_fusion and discard_ratio;
+    the per-layer strip is always rollout."""
     config = predictor.config
     pixels = model_pixels(view, config)[None]  # [1, C, H, W]
-    probabilities, attentions = predictor.predict(pixels)
+    if check_method(method) is METHODS["rollout"]:  # with the head fusion and discard ratio chosen
+        probabilities, attentions = predictor.predict(pixels)
+        chosen = None
+    else:
+        probabilities, attentions, chosen = predictor.explain(pixels, method)
     maps = layer_rollouts(attentions, head_fusion, float(discard_ratio), config.grid_size,
                           config.pooling)[:, 0]  # [depth, h, w]
     scores = dict(top_k(probabilities, config.labels, int(k))[0])
     model_view = resize(view, config)
     heads = head_grid(model_view, head_maps(attentions, config)[:, 0])  # [depth, heads, h, w] maps
-    return Explanation(scores, overlay(for_display(view), maps[-1]), layer_strip(model_view, maps),
+    shown = maps[-1] if chosen is None else chosen[0]
+    return Explanation(scores, overlay(for_display(view), shown), layer_strip(model_view, maps),
                        for_display(model_view), heads)
+
+
+def measured_faithfulness(model_dir: Path | None) -> dict | None:
+    """The model's faithfulness.json (bench/faithfulness.py --write), None when it has none."""
+    path = model_dir / FAITHFULNESS_FILE if model_dir else None
+    if path is None or not path.is_file():
+        return None
+    import json
+
+    return json.loads(path.read_text())
+
+
+def opening_method(predictor: Predictor) -> str:
+    """The method the page opens with (see QUICK_METHODS)."""
+    measured = measured_faithfulness(predictor.model_dir)
+    rows = measured["methods"] if measured else {}
+    candidates = [name for name in QUICK_METHODS if name in predictor.methods and name in rows]
+    if candidates:
+        return max(candidates, key=lambda name: rows[name]["insertion_auc"] - rows[name]["deletion_auc"])
+    return DEFAULT_METHOD if DEFAULT_METHOD in predictor.methods else ONNX_DEFAULT_METHOD
+
+
+def faithfulness_line(model_dir: Path | None, methods: tuple[str, ...]) -> str:
+    """One line: each method's deletion and insertion AUC as bench/faithfulness.py measured them
+    on this model (its faithfulness.json), or where to find that out."""
+    measured = measured_faithfulness(model_dir)
+    if measured is None:
+        return ("How faithful each method is was not measured for this model (`bench/faithfulness.py --write "
+                f"MODEL_DIR/{FAITHFULNESS_FILE}`); BENCHMARKS.md has the bundled model's figures.")
+    rows = measured["methods"]
+    named = [(METHODS[name].label, rows[name]) for name in methods if name in rows]
+    named += [(name.split(" (")[0].split(":")[0], row) for name, row in rows.items() if name not in METHODS]
+    cells = "; ".join(f"{label} {row['deletion_auc']:.3f} / {row['insertion_auc']:.3f}" for label, row in named)
+    return (f"Faithfulness on {measured['images']} test images (bench/faithfulness.py: blank the patches the map "
+            f"ranks first; deletion AUC, lower is better / insertion AUC, higher is better): {cells}.")
 
 
 def _user_errors(handler: Callable) -> Callable:
@@ -300,20 +384,24 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
     config = predictor.config
     config.check_has_head("the app")
 
+    default_method = opening_method(predictor)
+
     @_user_errors
-    def predict(image: dict | None, head_fusion: str, discard_ratio: float, k: int):
-        """Top-k labels, the rollout overlay (at display_size of the input, or of the canonical
-        input when the config canonicalises), the per-layer strip, the model's input and the
-        per-head maps."""
+    def predict(image: dict | None, head_fusion: str, discard_ratio: float, k: int,
+                method: str = default_method):
+        """Top-k labels, the method's overlay (at display_size of the input, or of the canonical
+        input when the config canonicalises), the per-layer rollout strip, the model's input and
+        the per-head maps."""
         view = to_model_domain(read_upload(image), config)
-        result = explain(predictor, view, head_fusion, discard_ratio, k)
+        result = explain(predictor, view, head_fusion, discard_ratio, k, method)
         return result.scores, result.overlay, result.strip, result.model_input, result.heads
 
     @_user_errors
-    def predict_drawing(drawing: dict | None, head_fusion: str, discard_ratio: float, k: int):
+    def predict_drawing(drawing: dict | None, head_fusion: str, discard_ratio: float, k: int,
+                        method: str = default_method):
         """Like predict, for a drawing; the overlay shows the centred digit the model saw."""
         digit = read_drawing(drawing, config.image_size)
-        result = explain(predictor, digit, head_fusion, discard_ratio, k)
+        result = explain(predictor, digit, head_fusion, discard_ratio, k, method)
         return result.scores, result.overlay, result.strip, result.model_input, result.heads
 
     with gr.Blocks(title="vit_hub: what the ViT looks at", analytics_enabled=False,
@@ -321,8 +409,12 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
         gr.Markdown(
             f"## vit_hub: what the Vision Transformer looks at\n"
             f"{config.num_classes} classes, {config.image_size[0]}x{config.image_size[1]} input, "
-            f"{config.depth} layers; backend: {predictor.description}. The overlay is the "
-            f"attention rollout (Abnar & Zuidema, 2020): how much each patch feeds the prediction."
+            f"{config.depth} layers; backend: {predictor.description}. The overlay ranks the patches by "
+            f"how much they support the predicted class, by the method chosen under Explanation. It opens "
+            f"with {METHODS[default_method].label}: {METHODS[default_method].meaning}.\n\n"
+            f"{faithfulness_line(predictor.model_dir, predictor.methods)}"
+            + ("" if len(predictor.methods) == len(METHODS) else
+               "\n\nThe methods that need gradients are offered with `--backend torch` only.")
         )
         views = _views_or_error(predictor)  # computed once, at start-up
         with gr.Tabs():
@@ -344,6 +436,9 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                                         brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),
                                     )
                                     submit_drawing = gr.Button("Classify drawing", variant="primary")
+                        method = gr.Dropdown([(METHODS[name].label, name) for name in predictor.methods],
+                                             value=default_method, label="Explanation", elem_id="method",
+                                             info="what the overlay shows; the strip below it is always rollout")
                         head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
                         discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
                                                   info="share of the weakest attention weights dropped per layer")
@@ -351,7 +446,7 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                     with gr.Column():
                         label = gr.Label(label="Prediction")
                         # JPEG: encodes in 0.2 ms where PNG takes 15 ms (280x280), no visible loss on a heat map.
-                        rollout = gr.Image(label="Attention rollout", type="pil", format="jpeg", interactive=False,
+                        rollout = gr.Image(label="Explanation", type="pil", format="jpeg", interactive=False,
                                            buttons=["download", "fullscreen"], elem_id="rollout")
                         strip = gr.Image(label="Rollout after layer 1, 2, ... (left to right)", type="pil",
                                          format="jpeg", interactive=False, buttons=["download", "fullscreen"],
@@ -365,7 +460,7 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
             with gr.Tab("Inside the model", elem_id="inside"):
                 _inside_tab(views)
 
-        controls, outputs = [head_fusion, discard_ratio, k], [label, rollout, strip, model_input, heads]
+        controls, outputs = [head_fusion, discard_ratio, k, method], [label, rollout, strip, model_input, heads]
         # preprocess=False: the handler opens the upload itself, so a non-image gets a clear gr.Error.
         # Gradio then does not check the path, so read_upload does: only uploads are opened.
         submit.click(predict, [image] + controls, outputs, api_name="predict", concurrency_id="model",

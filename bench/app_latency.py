@@ -57,6 +57,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=12)
+    parser.add_argument("--handler-only", action="store_true",
+                        help="only the in-process handler time of every explanation method the backend offers "
+                             "(no server; one thread), to pick the app's default method")
+    parser.add_argument("--rounds", type=int, default=200, help="handler calls per measurement")
+    parser.add_argument("--samples", type=Path, default=ROOT / "samples",
+                        help="folder of images to send (default: the bundled MNIST samples)")
     return parser.parse_args()
 
 
@@ -120,21 +126,51 @@ def measure(command: list[str], call: Callable[[Client, int], Any], args: argpar
                 failures=len(errors), first_error=errors[0] if errors else "")
 
 
-def handler_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200) -> tuple[float, float]:
-    """Median in-process times of (forward pass with attentions + rollout, everything the
-    /predict handler does: read the file, preprocess, forward, rollout, both images)."""
+def handler_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200,
+               method: str = "rollout") -> tuple[float, float]:
+    """Median in-process times of (forward pass with attentions + the method's map, everything
+    the /predict handler does: read the file, preprocess, forward, the map, the rollout strip,
+    the head maps, every image)."""
     model_times, handler_times = [], []
     for index in range(rounds):
         start = time.perf_counter()
         view = to_model_domain(app.read_upload(str(samples[index % len(samples)])), predictor.config)
         pixels = model_pixels(view, predictor.config)[None]
         forward = time.perf_counter()
-        _, attentions = predictor.predict(pixels)
-        layer_rollouts(attentions, "mean", 0.0, predictor.config.grid_size, predictor.config.pooling)
+        if method == "rollout":
+            _, attentions = predictor.predict(pixels)
+            layer_rollouts(attentions, "mean", 0.0, predictor.config.grid_size, predictor.config.pooling)
+        else:
+            predictor.explain(pixels, method)
         model_times.append(time.perf_counter() - forward)
-        app.explain(predictor, view, "mean", 0.0, 3)
+        app.explain(predictor, view, "mean", 0.0, 3, method)
         handler_times.append(time.perf_counter() - start - model_times[-1])
     return 1000 * float(np.median(model_times)), 1000 * float(np.median(handler_times))
+
+
+def as_uploads(paths: list[Path]) -> list[Path]:
+    """Copies in Gradio's upload folder: the handler opens nothing else (app.uploaded_file)."""
+    import shutil
+
+    from gradio.utils import get_upload_folder
+
+    folder = Path(get_upload_folder()) / "bench_app_latency"
+    folder.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copy(path, folder / f"{index:03d}{path.suffix}")) for index, path in enumerate(paths)]
+
+
+def handler_table(args: argparse.Namespace, samples: list[Path]) -> None:
+    """The handler time of every method each backend offers: what picks app.DEFAULT_METHOD."""
+    print(f"in-process /predict handler, model {args.model}, median of {args.rounds} calls, one thread")
+    print("| backend | method | forward + map ms | whole handler ms |\n|---|---|---|---|")
+    for backend in args.backends:
+        predictor = app.load_predictor(args.model, backend)
+        for method in predictor.methods:
+            handler_ms(predictor, samples, 5, method)  # warm-up
+            model, handler = handler_ms(predictor, samples, args.rounds, method)
+            print(f"| {predictor.description} | {method} | {model:.2f} | {handler:.2f} |", flush=True)
+    print(f"\nload average {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores); {time.strftime('%Y-%m-%d %H:%M')}; "
+          f"command: python {' '.join(sys.argv)}")
 
 
 def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: list[Path]) -> dict:
@@ -142,19 +178,24 @@ def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: l
 
     def classify(client: Client, index: int) -> None:
         scores, *_ = client.predict(handle_file(str(samples[index % len(samples)])), "mean", 0.0, 3,
-                                     api_name="/predict")
+                                    app.DEFAULT_METHOD if backend == "torch" else app.ONNX_DEFAULT_METHOD,
+                                    api_name="/predict")
         if not scores.get("label"):
             raise ValueError(f"no label in {scores}")
 
     command = [sys.executable, "app.py", "--model", model, "--backend", backend, "--port"]
     row = measure(command, classify, args)
-    model, handler = handler_ms(predictor, samples)
+    model, handler = handler_ms(predictor, samples, method=app.DEFAULT_METHOD if backend == "torch"
+                                else app.ONNX_DEFAULT_METHOD)
     return dict(row, name=f"/predict, {predictor.description}", model=f"{model:.2f}", handler=f"{handler:.2f}")
 
 
 def main() -> None:
     args = parse_args()
-    samples = sorted((ROOT / "samples").glob("*.png"))
+    samples = as_uploads(sorted(path for path in args.samples.rglob("*") if path.suffix in (".png", ".jpg"))[:20])
+    if args.handler_only:
+        handler_table(args, samples)
+        return
     load_before = os.getloadavg()[0]
     floor = measure([sys.executable, "-c", ECHO_SERVER], lambda client, i: client.predict(str(i), api_name="/echo"),
                     args)

@@ -189,7 +189,7 @@ def per_patch(values: np.ndarray, config) -> np.ndarray:
 def rows_of(model, config, peers: bool) -> list[tuple[str, MapFn]]:
     rows = [(f"{method.label} (`{name}`)", vit_hub_method(model, name)) for name, method in METHODS.items()]
     rows += [(f"Integrated gradients, {steps} steps", vit_hub_method(model, "integrated_gradients", steps=steps))
-             for steps in (4, 16)]
+             for steps in (2, 8, 16)]
     if peers:
         rows += [("captum IntegratedGradients on the pixels, 32 steps (peer)", captum_ig(model, config)),
                  ("pytorch-grad-cam GradCAM, last block (peer)", grad_cam(model, config))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ import gradio as gr  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 
 import app  # noqa: E402
+from vit_hub.attribution import METHODS  # noqa: E402
 from vit_hub.preprocess import preprocess  # noqa: E402
 
 MODEL_DIR = ROOT / "models" / "vit-mnist"
@@ -74,8 +76,10 @@ def client(served):
     return served[1]
 
 
-def predict(client: Client, path, head_fusion="mean", discard_ratio=0.0, k=3):
-    return client.predict(handle_file(str(path)), head_fusion, discard_ratio, k, api_name="/predict")
+def predict(client: Client, path, head_fusion="mean", discard_ratio=0.0, k=3, *method):
+    """/predict; without a method the app's default is used (callers from before the method
+    control keep working)."""
+    return client.predict(handle_file(str(path)), head_fusion, discard_ratio, k, *method, api_name="/predict")
 
 
 # Without a server ---------------------------------------------------------------------
@@ -192,10 +196,48 @@ def test_cmyk_and_16_bit_images_are_converted(client, tmp_path):
 
 def test_controls_change_the_answer(client):
     sample = SAMPLES[0]
-    scores, plain, _, _, _ = predict(client, sample, "mean", 0.0, 5)
-    _, sharp, _, _, _ = predict(client, sample, "max", 0.9, 5)
+    scores, plain, _, _, _ = predict(client, sample, "mean", 0.0, 5, "rollout")
+    _, sharp, _, _, _ = predict(client, sample, "max", 0.9, 5, "rollout")
     assert len(scores["confidences"]) == 5
     assert not np.array_equal(np.asarray(Image.open(plain)), np.asarray(Image.open(sharp)))
+    _, default, _, _, _ = predict(client, sample, "mean", 0.0, 5)  # the method the page opens with
+    _, named, _, _, _ = predict(client, sample, "mean", 0.0, 5, "integrated_gradients_rollout")
+    assert np.array_equal(np.asarray(Image.open(default)), np.asarray(Image.open(named)))
+    assert not np.array_equal(np.asarray(Image.open(plain)), np.asarray(Image.open(named)))
+
+
+def test_every_method_answers_and_the_page_says_how_faithful_each_measured(served):
+    demo, client = served
+    for method in METHODS:
+        scores, overlay, _, _, _ = predict(client, SAMPLES[0], "mean", 0.0, 3, method)
+        assert scores["label"] == label_of(SAMPLES[0]) and Image.open(overlay).size == (280, 280)
+    with pytest.raises(Exception, match="method: expected one of"):
+        predict(client, SAMPLES[0], "mean", 0.0, 3, "saliency")
+    page = "\n".join(block.value for block in demo.blocks.values() if isinstance(block, gr.Markdown))
+    measured = json.loads((MODEL_DIR / app.FAITHFULNESS_FILE).read_text())["methods"]
+    quick = [name for name in app.QUICK_METHODS if name in measured]
+    best = max(quick, key=lambda name: measured[name]["insertion_auc"] - measured[name]["deletion_auc"])
+    assert best == "integrated_gradients_rollout"  # on the bundled model (BENCHMARKS.md)
+    row = measured[best]
+    assert f"{METHODS[best].label} {row['deletion_auc']:.3f} / {row['insertion_auc']:.3f}" in page
+    assert f"It opens with {METHODS[best].label}" in page
+
+
+def test_the_onnx_backend_offers_the_maps_without_gradients_and_says_why(predictor):
+    """Gradient methods need the torch model: the ONNX backend leaves them out of the control
+    and refuses them by name through the API, pointing to --backend torch."""
+    needs_bundled_model()
+    pytest.importorskip("onnxruntime")
+    onnx = app.OnnxPredictor.load(MODEL_DIR)
+    assert set(onnx.methods) == {name for name, method in METHODS.items() if method.needs != "gradients"}
+    view = app.to_model_domain(Image.open(SAMPLES[0]), onnx.config)
+    for method in onnx.methods:
+        assert app.explain(onnx, view, "mean", 0.0, 3, method).scores
+    with pytest.raises(ValueError, match="needs gradients.*--backend torch"):
+        app.explain(onnx, view, "mean", 0.0, 3, "integrated_gradients")
+    pixels = np.stack([preprocess(path, onnx.config) for path in SAMPLES[:2]])
+    np.testing.assert_allclose(onnx.explain(pixels, "occlusion")[2], predictor.explain(pixels, "occlusion")[2],
+                               atol=1e-3)
 
 
 def bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:

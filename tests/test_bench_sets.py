@@ -136,3 +136,32 @@ def test_digit_uploads_score_per_group():
     report = digit_uploads.summarise(paths, ranked)
     assert report["groups"] == {"photo": {"right": 1, "total": 2}, "typed": {"right": 1, "total": 1}}
     assert [record["predicted"] for record in report["images"]] == ["3", "9", "0"]
+
+
+def test_marked_objects_each_scene_shows_every_colour_and_frames_one(tmp_path):
+    """bench/marked_objects.py: deterministic, balanced, 32x32 RGB; the framed object's colour
+    is the label, and colourfulness (the model-free "where are the objects" map) lights up
+    many patches, not one."""
+    from bench import marked_objects
+
+    folder = marked_objects.make_marked(tmp_path / "a", seed=1, scale=0.005)
+    assert fingerprint(folder) == fingerprint(marked_objects.make_marked(tmp_path / "b", seed=1, scale=0.005))
+    splits = load_splits(str(folder), val_split=0.0)
+    assert splits.labels == sorted(marked_objects.COLOURS)
+    counts = Counter(path.parent.name for path in split_files(folder, "train"))
+    assert set(counts) == set(marked_objects.COLOURS) and len(set(counts.values())) == 1
+    for path in split_files(folder, "train"):
+        pixels = np.asarray(Image.open(path).convert("RGB"), np.float32)
+        assert pixels.shape == (32, 32, 3)
+        # the frame: the brightest 9x9 square outline; inside it, an object of the label's colour
+        white = pixels.min(axis=2)
+        ring = np.ones((9, 9), bool)
+        ring[1:-1, 1:-1] = False
+        scores = {(row, col): white[row - 4:row + 5, col - 4:col + 5][ring].mean()
+                  for row in range(4, 28) for col in range(4, 28)}
+        row, col = max(scores, key=scores.get)
+        centre = pixels[row - 1:row + 2, col - 1:col + 2].reshape(-1, 3)
+        colours = {name: np.abs(centre - rgb).sum(1).min() for name, rgb in marked_objects.COLOURS.items()}
+        assert min(colours, key=colours.get) == path.parent.name
+        objects = marked_objects.object_map(pixels.transpose(2, 0, 1)[None], (4, 4))[0]  # [8, 8]
+        assert (objects > 40).sum() >= 8  # eight objects light up, not only the framed one

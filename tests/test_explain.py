@@ -10,7 +10,7 @@ import torch
 from vit_hub.attribution import METHODS, blank_patches, blank_pixels, check_method, occlusion
 from vit_hub.explain import (
     attention_gradient, attention_gradients, embedding_attributions, explain, gradient_rollout, pixel_attributions,
-    torch_logits,
+    torch_logits, with_context,
 )
 from vit_hub.pretrained import VisionTransformer
 
@@ -132,3 +132,10 @@ def test_blank_is_black_paper_for_grayscale_and_the_mean_colour_for_colour():
     grey = tiny_model().config
     np.testing.assert_allclose(blank_pixels(grey), (0.0 - np.asarray(grey.mean)) / np.asarray(grey.std))
     assert (blank_pixels(tiny_model(in_channels=3).config) == 0).all()
+
+
+def test_with_context_ranks_what_ig_credits_first_then_the_rest_by_rollout():
+    attributions = np.array([[[4.0, 2.0, 0.0, -3.0]]], dtype=np.float32)  # a 1x4 grid
+    rollout = np.array([[[0.0, 0.1, 0.2, 1.0]]], dtype=np.float32)
+    order = np.argsort(-with_context(attributions, rollout).ravel())
+    assert list(order) == [0, 1, 3, 2]  # the credited patches, then the negative one rollout ranks above the empty one
