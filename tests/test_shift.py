@@ -58,9 +58,9 @@ PREVIOUS = dict(in_channels=3, pixel_norm="dataset")
 COMMON = dict(image_size=32, patch_size=4, embed_dim=64, depth=3, num_heads=2)
 
 
-# With issue 17's loader (other random streams, colour jitter as one affine map) the current defaults
-# reach 0.775 / 0.925 / 0.975 test accuracy with seeds 0 / 1 / 2; before it, 0.925 / 0.900 / 0.975.
-# Seed 1 sits at the median of both.
+# Test accuracy of the current defaults over seeds 0-14: 0.940 mean (sd 0.063) with issue 17's loader
+# (other random streams, colour jitter as one affine map), 0.937 (sd 0.059) before it; 14 of 15 seeds
+# reach 0.85 with either, and each has one at 0.775 (seed 0 now, seed 9 before). Seed 1: 0.925 / 0.900.
 SEED = 1
 
 
