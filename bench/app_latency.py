@@ -131,21 +131,29 @@ def handler_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200,
     """Median in-process times of (forward pass with attentions + the method's map, everything
     the /predict handler does: read the file, preprocess, forward, the map, the rollout strip,
     the head maps, every image)."""
-    model_times, handler_times = [], []
+    return tuple(1000 * float(np.median(times)) for times in handler_times(predictor, samples, rounds, method)[:2])
+
+
+def handler_times(predictor: app.Predictor, samples: list[Path], rounds: int,
+                  method: str, clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], list[float]]:
+    """(forward + map, whole handler) times of `rounds` calls, by `clock`: wall time, or
+    time.process_time for the CPU time this process spent (what the calls cost on a machine
+    that other jobs share)."""
+    model_times, whole_times = [], []
     for index in range(rounds):
-        start = time.perf_counter()
+        start = clock()
         view = to_model_domain(app.read_upload(str(samples[index % len(samples)])), predictor.config)
         pixels = model_pixels(view, predictor.config)[None]
-        forward = time.perf_counter()
+        forward = clock()
         if method == "rollout":
             _, attentions = predictor.predict(pixels)
             layer_rollouts(attentions, "mean", 0.0, predictor.config.grid_size, predictor.config.pooling)
         else:
             predictor.explain(pixels, method)
-        model_times.append(time.perf_counter() - forward)
+        model_times.append(clock() - forward)
         app.explain(predictor, view, "mean", 0.0, 3, method)
-        handler_times.append(time.perf_counter() - start - model_times[-1])
-    return 1000 * float(np.median(model_times)), 1000 * float(np.median(handler_times))
+        whole_times.append(clock() - start - model_times[-1])
+    return model_times, whole_times
 
 
 def as_uploads(paths: list[Path]) -> list[Path]:
@@ -161,14 +169,19 @@ def as_uploads(paths: list[Path]) -> list[Path]:
 
 def handler_table(args: argparse.Namespace, samples: list[Path]) -> None:
     """The handler time of every method each backend offers: what picks app.DEFAULT_METHOD."""
-    print(f"in-process /predict handler, model {args.model}, median of {args.rounds} calls, one thread")
-    print("| backend | method | forward + map ms | whole handler ms |\n|---|---|---|---|")
+    print(f"in-process /predict handler, model {args.model}, median of {args.rounds} calls, one thread; "
+          f"wall time and this process's CPU time")
+    print("| backend | method | forward + map ms | whole handler ms | forward + map CPU ms | whole handler CPU ms |\n"
+          "|---|---|---|---|---|---|")
     for backend in args.backends:
         predictor = app.load_predictor(args.model, backend)
         for method in predictor.methods:
             handler_ms(predictor, samples, 5, method)  # warm-up
-            model, handler = handler_ms(predictor, samples, args.rounds, method)
-            print(f"| {predictor.description} | {method} | {model:.2f} | {handler:.2f} |", flush=True)
+            wall = [1000 * float(np.median(t)) for t in handler_times(predictor, samples, args.rounds, method)]
+            cpu = [1000 * float(np.median(t)) for t in handler_times(predictor, samples, args.rounds, method,
+                                                                       time.process_time)]
+            print(f"| {predictor.description} | {method} | {wall[0]:.2f} | {wall[1]:.2f} | {cpu[0]:.2f} | "
+                  f"{cpu[1]:.2f} |", flush=True)
     print(f"\nload average {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores); {time.strftime('%Y-%m-%d %H:%M')}; "
           f"command: python {' '.join(sys.argv)}")
 

@@ -10,8 +10,8 @@ predicts on the intact image. Then:
   drop at 10 / 30 %  the fall in the class's probability after blanking the top 10 / 30 % of
                  patches, as a multiple of the fall after blanking a random 10 / 30 %
                  (the mean of `--draws` random orders);
-  ms/img         the method's time for one image at batch 1 (forward pass included; median of
-                 `--timing-images`, one thread).
+  ms/img         the method's CPU time for one image at batch 1 (forward pass included; median
+                 of `--timing-images`, one thread).
 
 "Blank" is `vit_hub.attribution.blank_pixels`: black paper for a digit model, the training
 set's mean colour for a colour model. Rows: every method in `vit_hub.attribution.METHODS`,
@@ -198,12 +198,14 @@ def rows_of(model, config, peers: bool) -> list[tuple[str, MapFn]]:
 
 
 def ms_per_image(attribute: MapFn, pixels: np.ndarray, classes: np.ndarray, count: int) -> float:
+    """Median CPU time of this process per image at batch 1 (one thread): what the method costs
+    when other jobs share the cores, where wall time would count their share too."""
     attribute(pixels[:1], classes[:1])  # warm-up
     times = []
     for index in range(min(count, len(pixels))):
-        start = time.perf_counter()
+        start = time.process_time()
         attribute(pixels[index:index + 1], classes[index:index + 1])
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return 1000 * statistics.median(times)
 
 
@@ -223,7 +225,7 @@ def main() -> None:
     i10, i30 = steps.index(k10), steps.index(k30)  # their columns in the curves
 
     if args.timing == "only":
-        print("| map | ms/img (batch 1) |\n|---|---|")
+        print("| map | CPU ms/img (batch 1) |\n|---|---|")
         for name, attribute in rows_of(model, config, not args.no_peers):
             print(f"| {name} | {ms_per_image(attribute, pixels, classes, args.timing_images):.1f} |", flush=True)
         print(f"\nload average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M')}; one thread; "
@@ -255,7 +257,7 @@ def main() -> None:
           f"mean probability of the predicted class {base:.4f}; random drops {random_drop[k10]:.4f} at "
           f"{k10} patches (10 %), {random_drop[k30]:.4f} at {k30} (30 %); {args.draws} random orders")
     print("| map | deletion AUC (lower better) | insertion AUC (higher better) | drop at 10 % vs random | "
-          "drop at 30 % vs random | ms/img (batch 1) |\n|---|---|---|---|---|---|")
+          "drop at 30 % vs random | CPU ms/img (batch 1) |\n|---|---|---|---|---|---|")
     for name, deletion, insertion, drop10, drop30, ms in table:
         cells = [f"**{deletion:.3f}**" if deletion == best_deletion else f"{deletion:.3f}",
                  f"**{insertion:.3f}**" if insertion == best_insertion else f"{insertion:.3f}"]
