@@ -139,3 +139,25 @@ def test_with_context_ranks_what_ig_credits_first_then_the_rest_by_rollout():
     rollout = np.array([[[0.0, 0.1, 0.2, 1.0]]], dtype=np.float32)
     order = np.argsort(-with_context(attributions, rollout).ravel())
     assert list(order) == [0, 1, 3, 2]  # the credited patches, then the negative one rollout ranks above the empty one
+
+
+def test_the_embedding_hook_leaves_other_forward_passes_alone():
+    """While embedding_attributions' hook is on the model (the app serves requests at once),
+    a forward pass of other pixels gets its own embeddings."""
+    model = tiny_model()
+    other = torch.from_numpy(pixels_of(1, seed=5))
+    with torch.no_grad():
+        expected = model(other).logits
+    calls, seen = [], []
+    original = model.head.forward
+
+    def head_with_a_second_request(features):
+        calls.append(True)
+        if len(calls) == 2:  # the second head call is the hooked pass along the path
+            with torch.no_grad():
+                seen.append(model(other).logits)
+        return original(features)
+
+    model.head.forward = head_with_a_second_request
+    embedding_attributions(model, torch.from_numpy(pixels_of(1)), class_index=0)
+    torch.testing.assert_close(seen[0], expected)

@@ -154,10 +154,15 @@ def embedding_attributions(model: Any, pixel_values: Any, class_index: Any = Non
         start = model.patch_embedding(blank)  # [1, N, D]
     path = (start + alphas[:, None, None, None] * (embeddings - start)).reshape(-1, *embeddings.shape[1:])
     path.requires_grad_(True)  # [S * B, N, D]: step-major
-    handle = model.patch_embedding.register_forward_hook(lambda _module, _inputs, _output: path)
+    repeated = pixels.repeat(len(alphas), 1, 1, 1)
+    # The hook swaps the output for this call's input only (the same tensor object reaches the
+    # patch embedding): forward passes of other requests running meanwhile (the app serves
+    # several at once) keep their own embeddings.
+    handle = model.patch_embedding.register_forward_hook(
+        lambda _module, inputs, _output: path if inputs[0] is repeated else None)
     try:
         with torch.enable_grad():
-            logits = model(pixels.repeat(len(alphas), 1, 1, 1)).logits  # [S * B, classes]
+            logits = model(repeated).logits  # [S * B, classes]
             targets = _targets(intact, class_index).repeat(len(alphas), 1)
             (gradient,) = torch.autograd.grad(logits.gather(1, targets).sum(), path)
     finally:
