@@ -507,6 +507,11 @@ def call(url: str, endpoint: str, data: list) -> tuple[str, object]:
     return event, json.loads(payload)
 
 
+# The controls after the image: head fusion, discard ratio, top-k and the explanation method.
+# Plain HTTP calls give every input (gradio_client fills the method's default itself).
+CONTROLS = ("mean", 0.0, 3, "rollout")
+
+
 def upload(url: str, path: Path) -> str:
     """Upload a file the way the page does; returns its path on the server."""
     with open(path, "rb") as handle:
@@ -520,7 +525,7 @@ def file_data(path: str, **extra) -> dict:
 
 
 def assert_still_serving(url: str) -> None:
-    event, data = call(url, "predict", [file_data(upload(url, SAMPLE), orig_name=SAMPLE.name), "mean", 0.0, 3])
+    event, data = call(url, "predict", [file_data(upload(url, SAMPLE), orig_name=SAMPLE.name), *CONTROLS])
     assert event == "complete" and data[0]["label"] == "7", data
 
 
@@ -560,7 +565,7 @@ def predict_requests() -> dict[str, tuple[object, str | None]]:
 @pytest.mark.parametrize("name", predict_requests())
 def test_predict_refuses_server_files(server, name):
     image, fragment = predict_requests()[name]
-    event, data = call(server, "predict", [image, "mean", 0.0, 3])
+    event, data = call(server, "predict", [image, *CONTROLS])
     assert_refused(server, event, data, fragment)
 
 
@@ -568,7 +573,7 @@ def test_predict_refuses_a_symlink_in_the_upload_folder_to_a_server_file(server)
     folder = Path(tempfile.mkdtemp(dir=upload_folder()))
     try:
         (folder / "link.png").symlink_to(SERVER_FILE)
-        event, data = call(server, "predict", [{"path": str(folder / "link.png")}, "mean", 0.0, 3])
+        event, data = call(server, "predict", [{"path": str(folder / "link.png")}, *CONTROLS])
         assert_refused(server, event, data, ONLY_UPLOADS)
     finally:
         shutil.rmtree(folder)
@@ -578,7 +583,7 @@ def test_predict_refuses_a_symlink_in_the_upload_folder_to_a_server_file(server)
 def test_predict_drawing_refuses_server_files(server, meta):
     image = file_data(str(SERVER_FILE)) if meta else {"path": str(SERVER_FILE)}
     event, data = call(server, "predict_drawing", [{"background": image, "layers": [], "composite": image},
-                                                   "mean", 0.0, 3])
+                                                   *CONTROLS])
     assert_refused(server, event, data)
 
 
@@ -596,7 +601,7 @@ def test_the_file_route_refuses_server_files(server):
 def test_bad_uploads_are_named_by_the_clients_file_name(server, files, case):
     uploaded = upload(server, files[case])
     event, data = call(server, "predict", [file_data(uploaded, orig_name=f"C:\\Users\\me\\{files[case].name}"),
-                                           "mean", 0.0, 3])
+                                           *CONTROLS])
     assert_refused(server, event, data, f"{files[case].name} {IMAGE_CASES[case]}")
 
 
@@ -606,7 +611,7 @@ def test_a_bundled_example_as_the_page_loads_it_is_classified(server):
     assert event == "complete", data
     example = data[0]["value"]
     assert Path(example["path"]).resolve().is_relative_to(upload_folder().resolve())
-    event, data = call(server, "predict", [example, "mean", 0.0, 3])
+    event, data = call(server, "predict", [example, *CONTROLS])
     assert event == "complete" and data[0]["label"] == "7", data
 
 
