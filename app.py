@@ -4,7 +4,9 @@
     python app.py --model user/repo --backend onnx --port 8000
 
 The page takes an uploaded image (or, for grayscale models, a drawing), shows the top-k
-classes and the attention rollout over the input, layer by layer. The same function is
+classes, a map of how much each patch supports the predicted class (the method is a
+control: vit_hub.attribution.METHODS; the page opens with the one measured most faithful on
+the model, see QUICK_METHODS) and the attention rollout layer by layer. The same function is
 served as the named API endpoint `/predict` (and `/predict_drawing`) for gradio_client.
 
 Nothing happens at import: `build_demo(predictor)` builds the UI for any backend that
@@ -545,7 +547,7 @@ def load_predictor(reference: str | Path, backend: str) -> Predictor:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OneLineErrorParser(description="Serve a vit_hub model with attention-rollout overlays.")
+    parser = OneLineErrorParser(description="Serve a vit_hub model with explanation overlays.")
     parser.add_argument("--model", default=str(DEFAULT_MODEL),
                         help="model dir or Hugging Face Hub repo id (default: the bundled MNIST model)")
     parser.add_argument("--backend", choices=("torch", "onnx"), default="torch",
