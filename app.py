@@ -62,8 +62,8 @@ MAX_NAME_CHARS = 80  # of a client's file name, when a message names it
 MAX_PORT = 65535
 # An absolute path in a message: /dir/.../name or C:\dir\...\name; `name` is its last part.
 ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~])/|\b[A-Za-z]:[\\/])(?:[^\s/\\'\"]+[/\\])*(?P<name>[^\s/\\'\"]*)")
-# The map the page opens with: of the methods whose whole /predict handler takes at most about
-# 15 ms on a 2-core CPU (QUICK_METHODS; BENCHMARKS.md, "Explanation faithfulness"), the one
+# The map the page opens with: of the methods whose map (forward pass and method) takes at most
+# about 15 ms on a 2-core CPU (QUICK_METHODS; BENCHMARKS.md, "Explanation faithfulness"), the one
 # measured most faithful on the served model (insertion minus deletion AUC in its
 # faithfulness.json); DEFAULT_METHOD for a model never measured, ONNX_DEFAULT_METHOD when the
 # backend computes no gradients and nothing was measured.
