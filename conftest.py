@@ -71,16 +71,8 @@ def readme_app(readme_cwd, monkeypatch, tmp_path):
 def readme_hub(monkeypatch, tmp_path):
     """A local stand-in of the Hub's API (tests/hub_double.py) with a token in HF_TOKEN and a
     fresh cache: the README's Python Hub block pushes to it and loads from it, offline."""
-    from huggingface_hub import constants
+    from tests.hub_double import serving_hub
 
-    from tests.hub_double import HubDouble
-
-    with HubDouble(HUB_TOKEN) as double:
-        monkeypatch.setenv("HF_ENDPOINT", double.url)
-        monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    with serving_hub(monkeypatch, tmp_path / "hf-cache", HUB_TOKEN) as double:
         yield double
-    assert double.unexpected == [], double.unexpected
     assert len(double.commits) == 1 and "model_attentions.onnx" in double.commits[0].files

@@ -21,11 +21,13 @@ in `unexpected`, so a test notices when huggingface_hub starts calling something
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import json
 import re
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
@@ -107,6 +109,22 @@ class HubDouble:
         commit = Commit(repo_id, branch, summary, dict(files), oid)
         self.commits.append(commit)
         return commit
+
+
+@contextlib.contextmanager
+def serving_hub(monkeypatch, cache: Path, token: str):
+    """A HubDouble that huggingface_hub talks to: HF_ENDPOINT and HF_TOKEN point at it, online,
+    with a fresh cache at `cache`. On exit, every request it got must have been one it serves."""
+    from huggingface_hub import constants
+
+    with HubDouble(token) as double:
+        monkeypatch.setenv("HF_ENDPOINT", double.url)
+        monkeypatch.setenv("HF_TOKEN", token)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+        yield double
+    assert double.unexpected == [], double.unexpected
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -11,19 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import safetensors.torch
+import timm  # timm and transformers are test dependencies: a missing one fails, never skips
 import torch
-from huggingface_hub import HfApi, constants
-
+import transformers
+from huggingface_hub import HfApi
 from PIL import Image
+from timm.utils.attention_extract import AttentionExtract
 
-from tests.hub_double import HubDouble
+from tests.hub_double import HubDouble, serving_hub
 from vit_hub.cli import main
-from vit_hub.importing import ImportRefused, import_model
 from vit_hub.pretrained import load_model
-
-timm = pytest.importorskip("timm")
-transformers = pytest.importorskip("transformers")
-from timm.utils.attention_extract import AttentionExtract  # noqa: E402
 
 TOKEN = "hf_vitHubImportToken0123456789abcdef"
 TOLERANCE = 1e-4  # max |vit_hub - source| in fp32, logits and attentions
@@ -182,14 +179,8 @@ def test_transformers_vit_model_imports_as_features_with_its_pooler(tmp_path):
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     """The local Hub double with a token, a fresh cache, and both clients pointed at it."""
-    with HubDouble(TOKEN) as double:
-        monkeypatch.setenv("HF_ENDPOINT", double.url)
-        monkeypatch.setenv("HF_TOKEN", TOKEN)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    with serving_hub(monkeypatch, tmp_path / "hf-cache", TOKEN) as double:
         yield double
-    assert double.unexpected == [], double.unexpected
 
 
 def publish(folder: Path, repo_id: str, hub: HubDouble) -> None:
