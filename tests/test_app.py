@@ -51,8 +51,8 @@ def sketch(path: Path) -> dict:
 
 
 def needs_bundled_model() -> None:
-    if not (MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip(f"the bundled model {MODEL_DIR} is missing (its model card says how to train it)")
+    assert (MODEL_DIR / "model.safetensors").is_file(), \
+        f"the bundled model {MODEL_DIR} is missing (its model card says how to train it)"
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,6 @@ def test_the_onnx_backend_offers_the_maps_without_gradients_and_says_why(predict
     """Gradient methods need the torch model: the ONNX backend leaves them out of the control
     and refuses them by name through the API, pointing to --backend torch."""
     needs_bundled_model()
-    pytest.importorskip("onnxruntime")
     onnx = app.OnnxPredictor.load(MODEL_DIR)
     assert set(onnx.methods) == {name for name, method in METHODS.items() if method.needs != "gradients"}
     view = app.to_model_domain(Image.open(SAMPLES[0]), onnx.config)
@@ -273,7 +272,6 @@ def test_missing_image_and_bad_controls_are_reported(client):
 
 def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, tmp_path, monkeypatch):
     """--backend onnx on a model dir without ONNX graphs: exported first, then served."""
-    pytest.importorskip("onnxruntime")
     model_dir, export_dir = tmp_path / "model", tmp_path / "export"
     model_dir.mkdir()
     for name in ("config.json", "model.safetensors"):
@@ -301,8 +299,7 @@ def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, t
 
 def test_onnx_backend_uses_the_graph_shipped_with_the_model(monkeypatch):
     needs_bundled_model()
-    if not (MODEL_DIR / "model_attentions.onnx").is_file():
-        pytest.skip(f"{MODEL_DIR} ships no model_attentions.onnx")
+    assert (MODEL_DIR / "model_attentions.onnx").is_file(), f"{MODEL_DIR} ships no model_attentions.onnx"
 
     def no_export(model_dir):
         raise AssertionError(f"exported {model_dir} although it ships an attentions graph")

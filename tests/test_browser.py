@@ -31,16 +31,13 @@ SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"
 README_SCREENSHOT = ROOT / "docs" / "app_screenshot.png"
 INSIDE_SCREENSHOT = ROOT / "docs" / "app_inside.png"
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium: apt-get install -y chromium"),
-]
+pytestmark = pytest.mark.browser  # make test installs chromium; make test-fast leaves these out
 
 
 @pytest.fixture(scope="module")
 def url():
-    if not (MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip(f"the bundled model {MODEL_DIR} is missing")
+    assert CHROMIUM.exists(), "needs Debian chromium (make test installs it: apt-get install -y chromium)"
+    assert (MODEL_DIR / "model.safetensors").is_file(), f"the bundled model {MODEL_DIR} is missing"
     demo = app.build_demo(app.TorchPredictor.load(MODEL_DIR, threads=None))
     _, local_url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield local_url

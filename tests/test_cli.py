@@ -309,8 +309,7 @@ def test_python_m_vit_hub_predicts_with_a_trained_model(trained, split_image_fol
 
 def test_console_script_lists_every_command():
     script = Path(sys.executable).with_name("vit-hub")
-    if not script.exists():
-        pytest.skip("the vit-hub console script is not installed (pip install -e .)")
+    assert script.exists(), "the vit-hub console script is not installed (make install)"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
     for command in ("train", "eval", "predict", "info", "sweep"):

@@ -415,7 +415,7 @@ def test_fp16_by_name_runs_on_the_cpu_and_agrees(exported_fp16, split_image_fold
     assert (half.precision, full.precision) == ("fp16", "fp32")  # auto on the CPU: fp32
     pixels = half.preprocess(sorted((split_image_folder / "test" / "dark_square").iterdir()))
     np.testing.assert_allclose(half.run(pixels), full.run(pixels), atol=5e-2)
-    (half_logits, half_attentions), (_, full_attentions) = (half.run(pixels, output_attentions=True),
+    (_, half_attentions), (_, full_attentions) = (half.run(pixels, output_attentions=True),
                                                             full.run(pixels, output_attentions=True))
     np.testing.assert_allclose(half_attentions, full_attentions, atol=5e-3)
     assert half._attentions is not None and half.layout.in_precision(half.layout.attentions, "fp16").is_file()

@@ -157,7 +157,6 @@ def test_with_onnx_adds_model_onnx_and_its_report(hub, model_dir, with_onnx):
 
 
 def test_with_onnx_without_model_onnx_names_the_export_command(hub, model_dir):
-    pytest.importorskip("onnxruntime")
     from export import export_onnx
 
     with pytest.raises(HubError, match=r"^--with-onnx: expected model.onnx in .*python -m export --model"):
@@ -351,8 +350,7 @@ def source_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def olah(tmp_path_factory, source_dir):
     """A running olah with `org/name` (the source dir's files) and `org/bert` (not ours)."""
-    if not OLAH_CLI.exists():
-        pytest.skip("olah is not installed (requirements-dev.txt)")
+    assert OLAH_CLI.exists(), "olah is not installed (requirements-dev.txt)"
     server = Olah(tmp_path_factory.mktemp("olah"))
     server.add_repo(REPO, {name: (source_dir / name).read_bytes() for name in PUSHED})
     server.add_repo("org/bert", {"config.json": b'{"model_type": "bert"}', "model.safetensors": b"\0" * 64})

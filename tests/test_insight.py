@@ -276,9 +276,7 @@ def test_training_writes_the_views_into_the_model_dir(tmp_path, split_image_fold
 def test_the_app_tab_with_onnx_only_says_the_filters_need_the_weights(tmp_path):
     """A model dir with the ONNX graphs and config but no model.safetensors: the tab says so; the
     views that need no weights (sin-cos positions, attention distances) are still drawn."""
-    pytest.importorskip("onnxruntime")
-    if not (BUNDLED / "model_attentions.onnx").is_file():
-        pytest.skip(f"{BUNDLED} ships no model_attentions.onnx")
+    assert (BUNDLED / "model_attentions.onnx").is_file(), f"{BUNDLED} ships no model_attentions.onnx"
     sys.path.insert(0, str(ROOT))
     import app
 

@@ -276,7 +276,7 @@ def test_pretrained_block_against_a_local_hub(folder, tmp_path):
     Image.fromarray((np.random.default_rng(0).random((60, 80, 3)) * 255).astype(np.uint8)).save(photo)
     text = substitute(block(PRETRAINED), [("runs/", f"{tmp_path}/runs/"), ("path/to/photo.jpg", str(photo)),
                                           ("path/to/folder", str(folder)),
-                                          ("runs/my-fine-tuned", f"runs/my-fine-tuned --epochs 1 --workers 0")])
+                                          ("runs/my-fine-tuned", "runs/my-fine-tuned --epochs 1 --workers 0")])
     with HubDouble(TOKEN) as hub:
         api = HfApi(endpoint=hub.url, token=TOKEN)
         for repo_id, files in (("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", "timm"),

@@ -175,7 +175,7 @@ def test_rollout_of_a_real_non_square_model():
 
 def test_last_layer_attention_reads_the_pooled_row_of_the_last_layer():
     attentions = random_attentions(tokens=13)  # [3, 4, 2, 13, 13]
-    maps = last_layer_attention(attentions, grid_size=(3, 4))
+    assert last_layer_attention(attentions, grid_size=(3, 4)).shape == (4, 3, 4)
     fused = attentions[-1].mean(axis=1)  # [B, T, T]
     for pooling, rows in (("cls", fused[:, 0, 1:]), ("mean", fused[:, 1:, 1:].mean(axis=1))):
         expected = rows.reshape(4, 3, 4)

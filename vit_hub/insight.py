@@ -40,7 +40,7 @@ from matplotlib import colormaps
 from PIL import Image  # noqa: E402
 
 from .config import ViTConfig  # noqa: E402
-from .rollout import as_numpy, scale_maps  # noqa: E402
+from .rollout import as_numpy, colour_table, scale_maps  # noqa: E402
 from .storage import reading_safetensors, write_text_atomically  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"  # the bundled MNIST digits (a checkout)
@@ -316,15 +316,16 @@ def head_grid(view: Image.Image, maps: np.ndarray, tile_height: int = 72, alpha:
     depth, heads, grid_h, grid_w = maps.shape
     cell = max(1, round(tile_height / grid_h))  # pixels per patch side
     tile_h, tile_w = grid_h * cell, grid_w * cell
-    base = np.asarray(view.convert("RGB").resize((tile_w, tile_h), Image.Resampling.BILINEAR), dtype=np.float32)
-    table = colormaps[colormap](np.linspace(0.0, 1.0, 256))[:, :3] * 255.0  # [256, 3]
-    levels = (np.clip(maps, 0.0, 1.0) * 255.0).round().astype(np.int64)
-    blocks = levels.repeat(cell, axis=2).repeat(cell, axis=3)  # [L, H, tile_h, tile_w]
-    tiles = (1 - alpha) * base + alpha * table[blocks]  # [L, H, tile_h, tile_w, 3]
+    base = np.asarray(view.convert("RGB").resize((tile_w, tile_h), Image.Resampling.BILINEAR))
+    colours = colour_table(colormap)[(np.clip(maps, 0.0, 1.0) * 255.0).round().astype(np.uint8)]  # [L, H, gh, gw, 3]
+    blocks = colours.repeat(cell, axis=2).repeat(cell, axis=3)  # [L, H, tile_h, tile_w, 3]
+    weight = round(alpha * 256)  # blend in 8-bit fixed point: uint16 holds 255 * 256
+    tiles = (blocks.astype(np.uint16) * weight + base.astype(np.uint16) * (256 - weight) + 128) >> 8
     gap = 3
-    padded = np.pad(tiles, ((0, 0), (0, 0), (0, gap), (0, gap), (0, 0)), constant_values=255.0)
-    mosaic = padded.transpose(0, 2, 1, 3, 4).reshape(depth * (tile_h + gap), heads * (tile_w + gap), 3)
-    return Image.fromarray(mosaic[:-gap, :-gap].round().astype(np.uint8))
+    mosaic = np.full((depth, tile_h + gap, heads, tile_w + gap, 3), 255, dtype=np.uint8)
+    mosaic[:, :tile_h, :, :tile_w] = tiles.transpose(0, 2, 1, 3, 4)
+    mosaic = mosaic.reshape(depth * (tile_h + gap), heads * (tile_w + gap), 3)
+    return Image.fromarray(mosaic[:-gap, :-gap])
 
 
 # All views of one model -------------------------------------------------------------------

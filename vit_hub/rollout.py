@@ -23,6 +23,7 @@ in `vit_hub.attribution`.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -187,11 +188,19 @@ def heatmap(mask: Any, size: tuple[int, int], colormap: str = "jet") -> np.ndarr
     mask = as_numpy(mask)
     if mask.ndim != 2:
         raise ValueError(f"expected a 2-D mask [grid_h, grid_w], got shape {list(mask.shape)}")
+    upsampled = np.asarray(Image.fromarray(np.clip(mask, 0.0, 1.0)).resize(size, Image.Resampling.BILINEAR))
+    return colour_table(colormap)[(upsampled * 255.0).round().astype(np.uint8)]  # [height, width, 3]
+
+
+@functools.cache
+def colour_table(colormap: str = "jet") -> np.ndarray:
+    """The matplotlib colormap's 256 colours as a read-only uint8 table [256, 3], built once:
+    a map in [0, 1] is coloured by indexing it with round(255 * value)."""
     if colormap not in colormaps:
         raise ValueError(f"unknown matplotlib colormap {colormap!r}")
-    upsampled = np.asarray(Image.fromarray(np.clip(mask, 0.0, 1.0)).resize(size, Image.Resampling.BILINEAR))
-    table = (colormaps[colormap](np.linspace(0.0, 1.0, 256))[:, :3] * 255.0).round().astype(np.uint8)  # [256, 3]
-    return table[(upsampled * 255.0).round().astype(np.uint8)]  # [height, width, 3]
+    table = (colormaps[colormap](np.linspace(0.0, 1.0, 256))[:, :3] * 255.0).round().astype(np.uint8)
+    table.flags.writeable = False
+    return table
 
 
 def overlay(image: Image.Image, mask: Any, alpha: float = 0.5, colormap: str = "jet") -> Image.Image:
