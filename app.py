@@ -198,7 +198,7 @@ def _export_dir(model_dir: Path) -> Path:
     out = Path(tempfile.mkdtemp(prefix="vit_hub_onnx_"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)  # also on SIGTERM: see main()
     print(f"app.py: {model_dir} has no model_attentions.onnx; exporting to {out} (torch is loaded for this; "
-          f"`python -m export --attentions` once makes later starts torch-free) ...", flush=True)
+          f"`python -m export --output-attentions` once makes later starts torch-free) ...", flush=True)
     return out
 
 

@@ -82,7 +82,7 @@ def test_integrated_gradients_are_complete(attribute):
     with 64 steps the midpoint rule is within a few percent."""
     model = tiny_model(in_channels=3)
     pixels = pixels_of(2, 3)
-    logits, _, attributions = attribute(model, pixels, class_index=[0, 1], steps=64)
+    logits, _, attributions, *_ = attribute(model, pixels, class_index=[0, 1], steps=64)
     blank = np.broadcast_to(blank_pixels(model.config)[None, :, None, None], pixels.shape).copy()
     with torch.no_grad():
         blank_logits = model(torch.from_numpy(blank)).logits
@@ -98,8 +98,21 @@ def test_gradient_x_input_is_one_step_at_the_image():
     (gradient,) = torch.autograd.grad(logit, pixels)
     blank = torch.from_numpy(blank_pixels(model.config))[None, :, None, None]
     expected = ((pixels - blank) * gradient).sum(1).reshape(1, 4, 4, 4, 4).sum((2, 4))
-    _, _, attributions = pixel_attributions(model, pixels.detach(), class_index=2, integrated=False)
+    _, _, attributions, _ = pixel_attributions(model, pixels.detach(), class_index=2, integrated=False)
     torch.testing.assert_close(attributions, expected.detach(), atol=1e-5, rtol=1e-4)
+
+
+def test_pixel_attributions_pass_gives_the_images_own_logits_attentions_and_attention_gradients():
+    """The images ride in the same batch as their paths: their rows must be what a pass of the
+    images alone gives (for the predicted classes), untouched by the path rows."""
+    model = tiny_model(in_channels=3)
+    pixels = pixels_of(2, 3)
+    logits, attentions, _, gradients = pixel_attributions(model, pixels)
+    alone_logits, alone_attentions, alone_gradients = attention_gradients(model, torch.from_numpy(pixels))
+    torch.testing.assert_close(logits, alone_logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(attentions, alone_attentions, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(gradients, alone_gradients, atol=1e-5, rtol=1e-4)
+    assert gradients.abs().sum() > 0
 
 
 def test_the_patch_embedding_hook_is_removed_even_on_error():
@@ -134,11 +147,11 @@ def test_blank_is_black_paper_for_grayscale_and_the_mean_colour_for_colour():
     assert (blank_pixels(tiny_model(in_channels=3).config) == 0).all()
 
 
-def test_with_context_ranks_what_ig_credits_first_then_the_rest_by_rollout():
+def test_with_context_ranks_what_ig_credits_first_then_the_rest_by_the_context_map():
     attributions = np.array([[[4.0, 2.0, 0.0, -3.0]]], dtype=np.float32)  # a 1x4 grid
-    rollout = np.array([[[0.0, 0.1, 0.2, 1.0]]], dtype=np.float32)
-    order = np.argsort(-with_context(attributions, rollout).ravel())
-    assert list(order) == [0, 1, 3, 2]  # the credited patches, then the negative one rollout ranks above the empty one
+    context = np.array([[[0.0, 0.1, 0.2, 1.0]]], dtype=np.float32)
+    order = np.argsort(-with_context(attributions, context).ravel())
+    assert list(order) == [0, 1, 3, 2]  # the credited patches, then the negative one the context ranks above the empty one
 
 
 def test_the_embedding_hook_leaves_other_forward_passes_alone():

@@ -13,7 +13,7 @@ how much each patch supports the explained class, [B, grid_h, grid_w] scaled to 
     integrated_gradients  gradients       the same, the gradient averaged along the straight path
                                           from the blank image (Sundararajan et al. 2017), a few steps
     integrated_gradients_rollout  gradients  the patches integrated gradients credit first (by their
-                                          share), then the rest by attention rollout: the context
+                                          share), then the rest by gradient rollout: the context
     gradient_x_embedding  gradients       as gradient_x_input, on the patch embeddings
     embedding_integrated_gradients  gradients  as integrated_gradients, on the patch embeddings
 
@@ -57,8 +57,8 @@ METHODS: dict[str, Method] = {
     "integrated_gradients": Method("Integrated gradients", "gradients",
                                    "how much of the class score the patch adds, going from a blank image to this one"),
     "integrated_gradients_rollout": Method(
-        "Integrated gradients + rollout", "gradients",
-        "integrated gradients where they credit the patch; below those, attention rollout ranks the rest"),
+        "Integrated gradients + gradient rollout", "gradients",
+        "integrated gradients where they credit the patch; below those, gradient rollout ranks the rest"),
     "gradient_x_embedding": Method("Gradient x embedding", "gradients",
                                    "gradient times input, on the patch embeddings"),
     "embedding_integrated_gradients": Method("Integrated gradients on the embeddings", "gradients",

@@ -174,55 +174,59 @@ def embedding_attributions(model: Any, pixel_values: Any, class_index: Any = Non
 
 def pixel_attributions(model: Any, pixel_values: Any, class_index: Any = None,
                        steps: int = INTEGRATED_GRADIENT_STEPS, integrated: bool = True):
-    """(logits, attentions, attributions [B, grid_h, grid_w]) on the input pixels x, from the
-    blank image x0: (x - x0) * the mean gradient of the class logit along the straight path
-    (midpoints of `steps` parts; alpha = 1 alone for gradient x input), summed over each
-    patch's pixels and channels: the patches the faithfulness benchmark blanks."""
+    """(logits, attentions, attributions [B, grid_h, grid_w], attention gradients) on the input
+    pixels x, from the blank image x0: (x - x0) * the mean gradient of the class logit along the
+    straight path (midpoints of `steps` parts; alpha = 1 alone for gradient x input), summed over
+    each patch's pixels and channels: the patches the faithfulness benchmark blanks.
+
+    One forward and backward pass serves the images and their paths together: the images' rows
+    give the logits (which pick the class), the attentions and the class logit's gradient with
+    respect to them ([depth, B, heads, T, T], for gradient rollout); the paths' rows give the
+    pixel gradients. Rows of a batch never mix, so each gradient is the one asked for."""
     config = model.config
     pixels = torch.as_tensor(pixel_values, dtype=torch.float32)
     batch = pixels.shape[0]
     blank = torch.from_numpy(blank_pixels(config))[None, :, None, None]
     alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps if integrated else torch.ones(1)
-    with torch.no_grad():
-        intact, attentions = model(pixels, output_attentions=True)
     path = (blank + alphas[:, None, None, None, None] * (pixels - blank)).reshape(-1, *pixels.shape[1:])
     path.requires_grad_(True)  # [S * B, C, H, W]: step-major
     with torch.enable_grad():
-        logits = model(path).logits
-        targets = _targets(intact, class_index).repeat(len(alphas), 1)
-        (gradient,) = torch.autograd.grad(logits.gather(1, targets).sum(), path)
+        logits, attentions = model(torch.cat([pixels, path]), output_attentions=True)  # [(1 + S) * B, ...]
+        targets = _targets(logits[:batch], class_index).repeat(1 + len(alphas), 1)
+        gradient, *attention_gradients = torch.autograd.grad(logits.gather(1, targets).sum(), (path, *attentions))
     mean_gradient = gradient.reshape(len(alphas), *pixels.shape).mean(0)  # [B, C, H, W]
     per_pixel = ((pixels - blank) * mean_gradient).sum(1)  # [B, H, W]
     patch_h, patch_w = config.patch_size
     grid_h, grid_w = pixels.shape[-2] // patch_h, pixels.shape[-1] // patch_w
     attributions = per_pixel.reshape(batch, grid_h, patch_h, grid_w, patch_w).sum((2, 4))
-    return intact, torch.stack(attentions), attributions
+    return (logits[:batch].detach(), torch.stack([layer[:batch] for layer in attentions]).detach(),
+            attributions.detach(), torch.stack([layer[:batch] for layer in attention_gradients]))
 
 
-ROLLOUT_SHARE = 0.3  # the weight of rollout beside integrated gradients' positive part (both in [0, 1])
+CONTEXT_SHARE = 0.3  # the weight of gradient rollout beside integrated gradients' positive part (both in [0, 1])
 
 
-def with_context(attributions: np.ndarray, rollout: np.ndarray) -> np.ndarray:
-    """Integrated gradients' positive part, scaled to [0, 1], plus ROLLOUT_SHARE x rollout:
-    the patches IG credits most come first in their order; the ones it gives little or
-    negative credit are ranked by rollout, so the context a class needs (the rest of a digit's
-    stroke, which IG along the path from black can score below zero) comes before empty
-    background. On MNIST this lifts the insertion AUC from 0.72 to 0.82 (BENCHMARKS.md);
-    where attention points at distractors it costs deletion AUC."""
+def with_context(attributions: np.ndarray, context: np.ndarray) -> np.ndarray:
+    """Integrated gradients' positive part, scaled to [0, 1], plus CONTEXT_SHARE x a context map
+    (gradient rollout): the patches IG credits most come first in their order; the ones it gives
+    little or negative credit are ranked by the context map, so what a class needs around its
+    evidence (the rest of a digit's stroke, which IG along the path from black can score below
+    zero) comes before empty background. On MNIST this lifts the insertion AUC from 0.72 to 0.82
+    (BENCHMARKS.md); where attention points at distractors it costs deletion AUC."""
     positive = np.clip(attributions, 0.0, None)
     positive = positive / np.maximum(positive.max(axis=(-2, -1), keepdims=True), 1e-12)
-    return scale_maps(positive + ROLLOUT_SHARE * rollout)
+    return scale_maps(positive + CONTEXT_SHARE * context)
 
 
 def _embedding_method(model: Any, pixels: torch.Tensor, class_index: Any, method: str, steps: int):
     config = model.config
     if method in ("integrated_gradients", "gradient_x_input", "integrated_gradients_rollout"):
-        logits, attentions, attributions = pixel_attributions(
+        logits, attentions, attributions, gradients = pixel_attributions(
             model, pixels, class_index, steps, integrated=method != "gradient_x_input")
         attributions = as_numpy(attributions)
         if method == "integrated_gradients_rollout":
-            rollout = attention_map("rollout", attentions, config)
-            return as_numpy(logits), as_numpy(attentions), with_context(attributions, rollout)
+            context = gradient_rollout(attentions, gradients, config.grid_size, config.pooling)
+            return as_numpy(logits), as_numpy(attentions), with_context(attributions, context)
         return as_numpy(logits), as_numpy(attentions), scale_maps(attributions)
     logits, attentions, attributions = embedding_attributions(
         model, pixels, class_index, steps, integrated=method == "embedding_integrated_gradients")
