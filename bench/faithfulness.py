@@ -1,6 +1,6 @@
 """How faithful is each explanation? Blank the patches a map ranks highest and watch the class.
 
-For each of the first N test images, every method ranks the patches for the class the model
+For each of N test images (the first N, or N from `--first`), every method ranks the patches for the class the model
 predicts on the intact image. Then:
 
   deletion AUC   blank the patches most-important first and average the class's probability
@@ -20,7 +20,7 @@ pixels, 32 steps) and pytorch-grad-cam (Grad-CAM on the last block), both from
 requirements-bench.txt, a map that looks at no model (ink per patch for grayscale images,
 colourfulness per patch for colour ones: "where is the object") and random.
 
-    python bench/faithfulness.py [--model models/vit-mnist] [--data mnist] [--images 500]
+    python bench/faithfulness.py [--model models/vit-mnist] [--data mnist] [--images 500] [--first 0]
     python bench/faithfulness.py --model DIR --data ROOT/marked       # bench/marked_objects.py
 """
 
@@ -56,7 +56,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="models/vit-mnist")
     parser.add_argument("--data", default="mnist", help="'mnist' or an image folder with a test split")
-    parser.add_argument("--images", type=int, default=300, help="first N images of the test split")
+    parser.add_argument("--images", type=int, default=300, help="N images of the test split")
+    parser.add_argument("--first", type=int, default=0, help="index of the first of them (another --first: "
+                        "images a method was not chosen on)")
     parser.add_argument("--draws", type=int, default=3, help="random orders for the random row")
     parser.add_argument("--timing-images", type=int, default=30)
     parser.add_argument("--batch", type=int, default=50, help="images per explanation call")
@@ -69,10 +71,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def test_images(data: str, count: int, config) -> np.ndarray:
-    """The first `count` images of the test split -> model pixels [N, C, H, W]."""
+def test_images(data: str, count: int, config, first: int = 0) -> np.ndarray:
+    """`count` images of the test split from index `first` on -> model pixels [N, C, H, W]."""
     test = load_splits(data, val_split=0.0).test
-    return preprocess_batch([test[i][0] for i in range(min(count, len(test)))], config)
+    return preprocess_batch([test[i][0] for i in range(first, min(first + count, len(test)))], config)
 
 
 def patch_order(maps: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -216,7 +218,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     model = load_model(args.model).eval()
     config = model.config
-    pixels = test_images(args.data, args.images, config)
+    pixels = test_images(args.data, args.images, config, args.first)
     with torch.inference_mode():
         classes = model(torch.from_numpy(pixels)).logits.argmax(-1).numpy()
     patches = config.grid_size[0] * config.grid_size[1]
@@ -252,7 +254,7 @@ def main() -> None:
                   float(np.mean([auc(insertion, patches) for _, insertion in random_curves])), 1.0, 1.0, float("nan")))
 
     best_deletion, best_insertion = min(row[1] for row in table), max(row[2] for row in table)
-    print(f"model {args.model}, data {args.data}: the first {len(pixels)} test images, {patches} patches of "
+    print(f"model {args.model}, data {args.data}: {len(pixels)} test images from index {args.first}, {patches} patches of "
           f"{config.patch_size[0]}x{config.patch_size[1]}, blank = {', '.join(f'{v:.4f}' for v in blank_pixels(config))}; "
           f"mean probability of the predicted class {base:.4f}; random drops {random_drop[k10]:.4f} at "
           f"{k10} patches (10 %), {random_drop[k30]:.4f} at {k30} (30 %); {args.draws} random orders")
