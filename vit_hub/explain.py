@@ -46,7 +46,7 @@ def explain(model: Any, pixels: Any, method: str = "rollout", class_index: Any =
     if kind == "gradients":
         if method in ("gradient_x_input", "integrated_gradients", "integrated_gradients_rollout",
                       "gradient_x_embedding", "embedding_integrated_gradients"):
-            logits, attentions, maps = _embedding_method(model, pixels, class_index, method, steps)
+            logits, attentions, maps = _path_method(model, pixels, class_index, method, steps)
             return Explained(logits, attentions, maps)
         logits, attentions, gradients = attention_gradients(model, pixels, class_index)
         grid, pooling = config.grid_size, config.pooling
@@ -218,7 +218,9 @@ def with_context(attributions: np.ndarray, context: np.ndarray) -> np.ndarray:
     return scale_maps(positive + CONTEXT_SHARE * context)
 
 
-def _embedding_method(model: Any, pixels: torch.Tensor, class_index: Any, method: str, steps: int):
+def _path_method(model: Any, pixels: torch.Tensor, class_index: Any, method: str, steps: int):
+    """The methods that read the class logit's gradient on the path from the blank image (or at the
+    image alone), on the pixels or on the patch embeddings: (logits, attentions, maps) as arrays."""
     config = model.config
     if method in ("integrated_gradients", "gradient_x_input", "integrated_gradients_rollout"):
         logits, attentions, attributions, gradients = pixel_attributions(
