@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -57,23 +58,30 @@ PRESET_LEARNING_RATES: dict[str, float] = {"mnist": 2e-3}
 DEFAULT_LEARNING_RATE = 1e-3
 
 
+# Upper bounds of every size a config.json may ask for, far beyond any published ViT (ViT-22B:
+# width 6144, depth 48, MLP 24576; ImageNet-21k: 21,843 classes; SAM: 64x64 patches at 1024 px),
+# so that a 1 KB config cannot make a model, a label list or an image of absurd size.
+MAX_WIDTH = 16_384  # embed_dim, num_heads, pre_logits
+MAX_HIDDEN = 4 * MAX_WIDTH  # the MLP's hidden width, embed_dim x mlp_ratio
+MAX_DEPTH = 512
+MAX_CLASSES = 100_000
+MAX_IMAGE_SIDE = 4_096  # pixels, each side of image_size and patch_size
+MAX_PATCHES = 4_096  # tokens per image: the attention maps grow with its square
+MAX_JSON_BYTES = 16 * 2**20  # a config.json with MAX_CLASSES labels is about 2 MB
+
+
 def _pair(value: Any, name: str) -> list[int]:
-    """28 -> [28, 28]; (32, 48) -> [32, 48]. Always a JSON-native list of two ints."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name}: expected an int or [height, width], got {value!r}")
+    """28 -> [28, 28]; (32, 48) -> [32, 48]. Always a JSON-native list of two ints (types and
+    ranges are checked by `check_fields` first)."""
     if isinstance(value, int):
         value = [value, value]
-    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
-        raise ValueError(f"{name}: expected an int or [height, width] of ints, got {value!r}")
-    if min(value) < 1:
-        raise ValueError(f"{name}: expected positive sizes, got {list(value)}")
+    if len(value) != 2:
+        raise ValueError(f"{name}: expected an int or [height, width], got {_shown(value)}")
     return [int(v) for v in value]
 
 
 def _floats(value: Any, name: str, length: int) -> list[float]:
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         value = [value] * length
     values = [float(v) for v in value]
     if len(values) == 1 and length > 1:
@@ -85,19 +93,90 @@ def _floats(value: Any, name: str, length: int) -> list[float]:
     return values
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters: a message stays one short line whatever was given."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:  # an int of hundreds of digits
+        return False
+    return True
+
+
+def _list_of(check):
+    return lambda value: isinstance(value, (list, tuple)) and all(check(item) for item in value)
+
+
+# What each part of a field's annotation (a string, under `from __future__ import annotations`)
+# accepts, and how a message calls it. A tuple passes for a list (Python callers); JSON gives lists.
+KINDS: dict[str, tuple[Any, str]] = {
+    "int": (_is_int, "an int"),
+    "float": (_is_number, "a number"),
+    "bool": (lambda value: isinstance(value, bool), "true or false"),
+    "str": (lambda value: isinstance(value, str), "a string"),
+    "None": (lambda value: value is None, "null"),
+    "list[int]": (_list_of(_is_int), "a list of ints"),
+    "list[float]": (_list_of(_is_number), "a list of numbers"),
+    "list[str]": (_list_of(lambda value: isinstance(value, str)), "a list of strings"),
+}
+
+
 def one_of(default: Any, choices: tuple) -> Any:
-    """A dataclass field that only takes one of `choices` (checked by `check_choices`, and
+    """A dataclass field that only takes one of `choices` (checked by `check_fields`, and
     offered as the choices of its command-line flag)."""
     return dataclasses.field(default=default, metadata={"choices": choices})
 
 
-def check_choices(instance: Any) -> None:
-    """Raise ValueError for any `one_of` field of a dataclass holding a value not offered."""
+def within(default: Any, low: int, high: int, what: str = "an int") -> Any:
+    """A dataclass field whose int (or each int of its list) lies in [low, high], checked by
+    `check_fields`; `what` names the value in the message ("sides" of an image size)."""
+    return dataclasses.field(default=default, metadata={"range": (low, high), "what": what})
+
+
+def check_fields(instance: Any) -> None:
+    """A ValueError naming the field, what it takes and what it holds, for the first field of a
+    dataclass whose value does not fit its annotation, its `one_of` choices or its `within` range."""
     for field in dataclasses.fields(instance):
-        choices = field.metadata.get("choices")
         value = getattr(instance, field.name)
+        kinds = [KINDS[kind.strip()] for kind in field.type.split("|")]
+        if not any(accepts(value) for accepts, _ in kinds):
+            names = [name for _, name in kinds]
+            expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            raise ValueError(f"{field.name}: expected {expected}, found {_shown(value)}")
+        choices = field.metadata.get("choices")
         if choices is not None and value is not None and value not in choices:
-            raise ValueError(f"{field.name}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+            raise ValueError(f"{field.name}: expected one of {', '.join(map(str, choices))}, got {_shown(value)}")
+        low, high = field.metadata.get("range", (None, None))
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if low is not None and value is not None and not all(low <= item <= high for item in values):
+            raise ValueError(f"{field.name}: expected {field.metadata['what']} from {low:,} to {high:,}, "
+                             f"found {_shown(value)}")
+
+
+def read_json(path: str | Path, limit: int = MAX_JSON_BYTES) -> Any:
+    """The value a JSON file holds; a one-line ValueError for a file over `limit` bytes, one
+    that is not JSON, or one nested too deep for Python's parser."""
+    path = Path(path)
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path}: expected a JSON file of at most {limit // 2**20} MiB, found a larger one")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{path}: expected JSON nested a few levels deep, found nesting too deep to parse") from None
+    except ValueError as error:  # not JSON, not UTF-8, or an int of more digits than Python converts
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
 
 
 @dataclasses.dataclass
@@ -142,13 +221,13 @@ class ViTConfig:
             timm's ViTs were trained with bicubic).
     """
 
-    image_size: int | list[int] = 224
-    patch_size: int | list[int] = 16
+    image_size: int | list[int] = within(224, 1, MAX_IMAGE_SIDE, what="sides")
+    patch_size: int | list[int] = within(16, 1, MAX_IMAGE_SIDE, what="sides")
     in_channels: int = one_of(3, CHANNELS)
-    num_classes: int | None = None
-    embed_dim: int = 768
-    depth: int = 12
-    num_heads: int = 12
+    num_classes: int | None = within(None, 0, MAX_CLASSES)
+    embed_dim: int = within(768, 1, MAX_WIDTH)
+    depth: int = within(12, 1, MAX_DEPTH)
+    num_heads: int = within(12, 1, MAX_WIDTH)
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     dropout: float = 0.0
@@ -165,22 +244,21 @@ class ViTConfig:
     canonicalize: str = one_of("none", CANONICALIZATIONS)
     pixel_norm: str = one_of("dataset", PIXEL_NORMS)
     class_token_position: bool = False
-    pre_logits: int = 0
+    pre_logits: int = within(0, 0, MAX_WIDTH)
     interpolation: str = one_of("bilinear", INTERPOLATIONS)
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every field's type, choices and range, as declared above
         self.image_size = _pair(self.image_size, "image_size")
         self.patch_size = _pair(self.patch_size, "patch_size")
-        for name in ("in_channels", "embed_dim", "depth", "num_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
-        check_choices(self)
         for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
             if size % patch:
                 raise ValueError(
                     f"image {axis} {size} is not divisible by patch {axis} {patch}"
                 )
+        if self.num_patches > MAX_PATCHES:
+            raise ValueError(f"image_size {self.image_size} / patch_size {self.patch_size}: expected at most "
+                             f"{MAX_PATCHES:,} patches, found {self.grid_size[0]}x{self.grid_size[1]}")
         if self.embed_dim % self.num_heads:
             raise ValueError(
                 f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
@@ -194,8 +272,10 @@ class ViTConfig:
         if min(self.std) <= 0:
             raise ValueError(f"std: expected positive values, got {self.std}")
         self.mlp_ratio = float(self.mlp_ratio)
-        if not (math.isfinite(self.mlp_ratio) and int(self.embed_dim * self.mlp_ratio) >= 1):
-            raise ValueError(f"mlp_ratio: expected a positive ratio (hidden width >= 1), got {self.mlp_ratio}")
+        hidden = self.embed_dim * self.mlp_ratio
+        if not (math.isfinite(hidden) and 1 <= int(hidden) <= MAX_HIDDEN):
+            raise ValueError(f"mlp_ratio: expected a positive ratio (hidden width embed_dim x mlp_ratio from 1 to "
+                             f"{MAX_HIDDEN:,}), got {self.mlp_ratio}")
         for name in ("dropout", "attention_dropout", "drop_path"):
             value = float(getattr(self, name))
             if not 0.0 <= value < 1.0:
@@ -203,12 +283,12 @@ class ViTConfig:
             setattr(self, name, value)
         if not 0.0 < self.layer_norm_eps < 1.0:
             raise ValueError(f"layer_norm_eps: expected a small positive number, got {self.layer_norm_eps}")
-        if not isinstance(self.pre_logits, int) or isinstance(self.pre_logits, bool) or self.pre_logits < 0:
-            raise ValueError(f"pre_logits: expected a width >= 0 (0: no pre-logits layer), got {self.pre_logits!r}")
 
     def _resolve_labels(self) -> None:
         if self.labels is not None:
-            self.labels = [str(label) for label in self.labels]
+            self.labels = list(self.labels)
+            if len(self.labels) > MAX_CLASSES:
+                raise ValueError(f"labels: expected at most {MAX_CLASSES:,}, found {len(self.labels):,}")
             if self.num_classes is not None and self.num_classes != len(self.labels):
                 raise ValueError(
                     f"num_classes {self.num_classes} does not match the {len(self.labels)} labels given"
@@ -216,8 +296,6 @@ class ViTConfig:
             self.num_classes = len(self.labels)
         if self.num_classes is None:
             self.num_classes = 1000
-        if not isinstance(self.num_classes, int) or self.num_classes < 0:
-            raise ValueError(f"num_classes: expected a positive int (0: features only), got {self.num_classes!r}")
         if self.labels is None:
             self.labels = [str(i) for i in range(self.num_classes)]
 
@@ -260,10 +338,7 @@ class ViTConfig:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"expected a vit_hub config.json at {path}, found nothing")
-        try:
-            values = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from None
+        values = read_json(path)
         if not isinstance(values, dict) or "embed_dim" not in values or "patch_size" not in values:
             raise ValueError(f"{path} is not a vit_hub config (expected keys like embed_dim and patch_size)")
         return cls.from_dict(values)
