@@ -190,7 +190,8 @@ class FolderIndex:
 def index_image_folder(root: Path) -> FolderIndex:
     """List `root` (ImageFolder layout, optionally with train/ val/ test/ beside each other).
     Errors that the listing can show (no class folders, one class, a class without image
-    files, a test class training lacks) are raised here, in one line."""
+    files, a test class training lacks, class folders that are one folder) are raised here,
+    in one line. Links are followed as `_ClassListing` says: each image once, in its own class."""
     if not root.is_dir():
         raise DataError(
             f"--data: expected a folder of images, 'mnist', or a torchvision dataset name "
@@ -201,18 +202,19 @@ def index_image_folder(root: Path) -> FolderIndex:
     classes = _class_folders(train_root)
     if len(classes) < 2:
         raise DataError(f"expected at least 2 classes in {train_root}, found {len(classes)}: {classes}")
-    parts = {"train": _image_files(train_root, classes)}
-    counts = np.bincount([label for _, label in parts["train"]], minlength=len(classes))
-    empty = [name for name, count in zip(classes, counts) if count == 0]
-    if empty:
-        raise DataError(f"class folders {empty} in {train_root} have no readable images "
-                        f"(no files with the extensions {', '.join(IMG_EXTENSIONS)})")
+    split_roots = {"train": train_root}
     for name in ("val", "test") if has_train else ():
         if (root / name).is_dir():
             extra = sorted(set(_class_folders(root / name)) - set(classes))
             if extra:
                 raise DataError(f"{root / name} has classes {extra} that the training folder does not have")
-            parts[name] = _image_files(root / name, classes)
+            split_roots[name] = root / name
+    parts = _ClassListing(root, split_roots, classes).samples()
+    counts = np.bincount([label for _, label in parts["train"]], minlength=len(classes))
+    empty = [name for name, count in zip(classes, counts) if count == 0]
+    if empty:
+        raise DataError(f"class folders {empty} in {train_root} have no readable images "
+                        f"(no files with the extensions {', '.join(IMG_EXTENSIONS)})")
     return FolderIndex(str(root), classes, parts)
 
 
@@ -225,20 +227,100 @@ def _class_folders(root: Path) -> list[str]:
     return found
 
 
-def _image_files(root: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """(path, class index) of every file with an image extension under root/<class>/, sorted
-    as torchvision's ImageFolder sorts them; nothing is opened."""
-    samples = []
-    for label, name in enumerate(classes):
-        folder = root / name
-        if not folder.is_dir():
-            continue
-        for directory, _, names in sorted(os.walk(folder, followlinks=True)):
-            samples.extend((os.path.join(directory, file), label) for file in sorted(names)
-                           if file.lower().endswith(IMG_EXTENSIONS))
-    if not samples:
-        raise DataError(f"found no readable images in {root} (no files with the extensions {', '.join(IMG_EXTENSIONS)})")
-    return samples
+class _ClassListing:
+    """(path, class index) of every file with an image extension under each split's class
+    folders, sorted as torchvision's ImageFolder sorts them; nothing is opened.
+
+    Links are followed, but each real folder is walked once and each file listed once, so a
+    link to `..` neither lists the folder again without end nor lists an image twice (once
+    more in another split, or under another class). The class folders' own trees are taken
+    first, then, round by round, the folders that links lead to; folders claimed in a round
+    are claimed before any of them is walked. A folder or file that a class holds itself
+    (or the data folder holds) is never listed under another class through a link, and a
+    link to the data folder or above it is not followed. Time and memory: one visit per
+    real folder and file."""
+
+    def __init__(self, root: Path, split_roots: dict[str, Path], classes: list[str]):
+        self.root = os.path.realpath(root)
+        self.split_roots, self.classes = split_roots, classes
+        # real path -> the path it was first met as, of every folder claimed (walked, or reserved)
+        self.claimed = {os.path.realpath(folder): str(folder) for folder in (root, *split_roots.values())}
+        self.found: dict[tuple[str, int], dict[str, list[str]]] = {}  # (split, class) -> {folder as listed: [names]}
+        self.file_links: list[tuple[str, int, str, str]] = []  # (split, class, folder as listed, name)
+        self.linked_files: set[str] = set()  # real paths of the files listed through links
+
+    def samples(self) -> dict[str, list[tuple[str, int]]]:
+        frontier = [(split, label, str(folder / name)) for split, folder in self.split_roots.items()
+                    for label, name in enumerate(self.classes) if (folder / name).is_dir()]
+        class_folders = True
+        while frontier:
+            targets = [(split, label, path, real) for split, label, path in frontier
+                       if (real := self._claim(path, class_folders)) is not None]
+            frontier = [link for target in targets for link in self._walk(*target)]
+            class_folders = False
+        for split, label, folder, name in self.file_links:
+            self._add_linked_file(split, label, folder, name)
+        parts = {split: [(os.path.join(folder, name), label)
+                         for label in range(len(self.classes))
+                         for folder, names in sorted(self.found.get((split, label), {}).items())
+                         for name in sorted(names)]
+                 for split in self.split_roots}
+        for split, samples in parts.items():
+            if not samples:
+                raise DataError(f"found no readable images in {self.split_roots[split]} "
+                                f"(no files with the extensions {', '.join(IMG_EXTENSIONS)})")
+        return parts
+
+    def _claim(self, path: str, class_folder: bool) -> str | None:
+        """The real path of a folder a class folder or link leads to, claimed; None (or, for a
+        class folder, a DataError) when it was claimed before or holds the data folder."""
+        real = os.path.realpath(path)
+        problem = None
+        if real in self.claimed:
+            problem = f"is the same folder as {self.claimed[real]}"
+        elif os.path.commonpath([real, self.root]) == real:
+            problem = "holds the data folder itself"
+        if problem is None:
+            self.claimed[real] = path
+            return real
+        if class_folder:
+            raise DataError(f"expected a folder of its own for each class, found that the class folder {path} "
+                            f"{problem} (a link)")
+        return None
+
+    def _walk(self, split: str, label: int, path: str, real: str) -> list[tuple[str, int, str]]:
+        """List the tree under a claimed folder, its own subfolders claimed as they are met;
+        the links in it are returned (to folders) or set aside (to files) for later."""
+        links, stack = [], [(path, real)]
+        while stack:
+            folder, real_folder = stack.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:  # unreadable folder: skipped, as os.walk skips it
+                continue
+            for entry in entries:
+                if entry.is_symlink():
+                    if os.path.isdir(entry.path):
+                        links.append((split, label, entry.path))
+                    elif entry.name.lower().endswith(IMG_EXTENSIONS):
+                        self.file_links.append((split, label, folder, entry.name))
+                elif entry.is_dir():
+                    real_child = os.path.join(real_folder, entry.name)
+                    if real_child not in self.claimed:
+                        self.claimed[real_child] = entry.path
+                        stack.append((entry.path, real_child))
+                elif entry.name.lower().endswith(IMG_EXTENSIONS):
+                    self.found.setdefault((split, label), {}).setdefault(folder, []).append(entry.name)
+        return links
+
+    def _add_linked_file(self, split: str, label: int, folder: str, name: str) -> None:
+        """A link to a file is listed unless the file is in a folder listed already (there it is
+        listed, or it is another class's or the data folder's own) or was listed by another link."""
+        real = os.path.realpath(os.path.join(folder, name))
+        if os.path.dirname(real) in self.claimed or real in self.linked_files:
+            return
+        self.linked_files.add(real)
+        self.found.setdefault((split, label), {}).setdefault(folder, []).append(name)
 
 
 class UnreadableImage(DataError):

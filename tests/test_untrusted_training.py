@@ -1,0 +1,167 @@
+"""Training on folders nobody checked, and runs that are killed (issue 25, items 8 to 11).
+
+A data folder may hold links (to `..`, to another class, to a folder outside it); `--out` may
+point inside `--data`; `--resume` may be given flags that would change the run; and a run may
+be SIGKILLed at any moment, in the middle of writing its checkpoint too. Each case asserts
+a bounded listing, one-line refusals that leave everything as it was, or a resumed run whose
+result is bit for bit the one of a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import CLASSES, TINY_TRAIN_FLAGS, read_json, write_class_folders
+from safetensors.torch import load_file
+from test_bad_input import assert_one_line, listing, run_vit_hub
+
+from vit_hub import data as vdata
+from vit_hub.data import DataError
+from vit_hub.train import CHECKPOINT, TrainingError, TrainSettings, read_checkpoint_state, train
+
+REPO = Path(__file__).resolve().parents[1]
+PER_CLASS = 6
+
+
+def class_folders(root: Path) -> Path:
+    write_class_folders(root, per_class=PER_CLASS, seed=0)
+    return root
+
+
+def real_class(path: str) -> str:
+    """The class folder an image really lives in (`write_class_folders` names them), whatever
+    links led to it."""
+    return next(part for part in reversed(Path(os.path.realpath(path)).parent.parts) if part in CLASSES)
+
+
+def assert_each_image_once_under_its_own_class(samples: list[tuple[str, int]], classes: list[str]) -> None:
+    real_paths = [os.path.realpath(path) for path, _ in samples]
+    assert len(real_paths) == len(set(real_paths)), "an image is listed twice"
+    assert [real_class(path) for path, _ in samples] == [classes[label] for _, label in samples]
+
+
+# Item 8: links in a data folder --------------------------------------------------------------
+LIST_IN_A_CHILD = textwrap.dedent("""
+    import json, resource, sys, time
+    from pathlib import Path
+    from vit_hub.data import index_image_folder
+
+    # The listing may use 256 MB more than the interpreter already holds, then MemoryError.
+    size = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (size + 256 * 2**20, resource.RLIM_INFINITY))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    index = index_image_folder(Path(sys.argv[1]))
+    print(json.dumps(dict(parts=index.parts, classes=index.classes, seconds=time.monotonic() - started,
+                          grew_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)))
+""")
+
+
+def test_two_links_to_the_parent_folder_list_each_image_once_in_bounded_time_and_memory(tmp_path):
+    """Before: the listing never ended (2.1 GB at 90 s). Listed in a child process under a
+    memory limit and a timeout, so a regression fails instead of taking the machine down."""
+    root = class_folders(tmp_path / "data")
+    for name in ("up", "again"):
+        (root / "bright_disc" / name).symlink_to("..")
+    (root / "dark_square" / "up").symlink_to("..")
+    result = subprocess.run([sys.executable, "-c", LIST_IN_A_CHILD, str(root)], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    listed = json.loads(result.stdout)
+    samples = [tuple(sample) for sample in listed["parts"]["train"]]
+    assert len(samples) == 2 * PER_CLASS
+    assert_each_image_once_under_its_own_class(samples, listed["classes"])
+    assert listed["seconds"] < 5 and listed["grew_kb"] < 20 * 1024
+
+
+def test_one_link_to_the_parent_folder_neither_multiplies_nor_mislabels_nor_leaks_into_validation(tmp_path):
+    """Before: 12 images listed as 500, one class's images labelled as the other, val 0.98."""
+    root = class_folders(tmp_path / "data")
+    (root / "bright_disc" / "up").symlink_to("..")
+    splits = vdata.load_splits(str(root), val_split=0.25, seed=0)
+    assert len(splits.train) + len(splits.val) == 2 * PER_CLASS
+    folder = splits.train.dataset
+    assert_each_image_once_under_its_own_class(folder.samples, splits.labels)
+    train_files = {os.path.realpath(folder.samples[i][0]) for i in splits.train.indices}
+    val_files = {os.path.realpath(folder.samples[i][0]) for i in splits.val.indices}
+    assert not train_files & val_files
+
+
+def test_a_link_into_another_class_never_labels_its_images_as_this_class(tmp_path):
+    root = class_folders(tmp_path / "data")
+    theirs = root / "dark_square"
+    write_class_folders(tmp_path / "more", per_class=2, seed=1)
+    (theirs / "sub").mkdir()
+    for image in sorted((tmp_path / "more" / "dark_square").iterdir()):
+        image.rename(theirs / "sub" / image.name)
+    mine = root / "bright_disc"
+    (mine / "whole").symlink_to("../dark_square")  # the other class's folder
+    (mine / "part").symlink_to("../dark_square/sub")  # a folder inside it
+    stolen = sorted(theirs.glob("*.png"))[0]
+    (mine / "stolen.png").symlink_to(stolen)  # one of its files
+    index = vdata.index_image_folder(root)
+    samples = index.parts["train"]
+    assert_each_image_once_under_its_own_class(samples, index.classes)
+    assert [label for _, label in samples].count(1) == PER_CLASS + 2  # dark_square keeps all of its own
+    assert len(samples) == 2 * PER_CLASS + 2
+
+
+def test_folders_linked_from_outside_are_listed_once_under_the_class_that_links_them(tmp_path):
+    """Links to data elsewhere are ordinary (a class folder on another disk): followed, once."""
+    root = class_folders(tmp_path / "data")
+    elsewhere = write_class_folders(tmp_path / "elsewhere", per_class=3, seed=2)
+    outside = tmp_path / "elsewhere" / "bright_disc"
+    mine = root / "bright_disc"
+    (mine / "more").symlink_to(outside)
+    (mine / "more_again").symlink_to(outside)  # the same folder a second time
+    (mine / "one.png").symlink_to(elsewhere[0])  # a file inside it, a third time
+    (mine / "loop").symlink_to(mine / "loop")  # a link to itself: skipped
+    index = vdata.index_image_folder(root)
+    samples = index.parts["train"]
+    assert_each_image_once_under_its_own_class(samples, index.classes)
+    assert len(samples) == 2 * PER_CLASS + 3
+    assert all(path.startswith(str(mine / "more") + os.sep) for path, _ in samples
+               if real_class(path) == "bright_disc" and Path(os.path.realpath(path)).is_relative_to(outside))
+
+
+def test_a_class_folder_that_links_to_data_elsewhere_is_a_class(tmp_path):
+    root = class_folders(tmp_path / "data")
+    write_class_folders(tmp_path / "elsewhere", per_class=3, seed=2)
+    (root / "linked").symlink_to(tmp_path / "elsewhere" / "bright_disc")
+    index = vdata.index_image_folder(root)
+    assert index.classes == ["bright_disc", "dark_square", "linked"]
+    assert [label for _, label in index.parts["train"]].count(2) == 3
+
+
+@pytest.mark.parametrize("make, fragments", [
+    (lambda root: (root / "copy").symlink_to(root / "bright_disc"),
+     ["copy", "is the same folder as", "bright_disc"]),
+    (lambda root: (root / "all").symlink_to(root),
+     ["all", "is the same folder as"]),
+    (lambda root: (root / "above").symlink_to(root.parent),
+     ["above", "holds the data folder itself"]),
+], ids=["two classes, one folder", "a class that is the data folder", "a class above the data folder"])
+def test_class_folders_that_are_not_folders_of_their_own_are_refused_in_one_line(tmp_path, make, fragments):
+    root = class_folders(tmp_path / "data")
+    make(root)
+    with pytest.raises(DataError) as error:
+        vdata.index_image_folder(root)
+    assert_one_line(str(error.value), *fragments)
+
+
+def test_a_test_class_that_links_to_the_training_class_is_refused(tmp_path):
+    """Otherwise the test split would be the training images again."""
+    write_class_folders(tmp_path / "train", per_class=2, seed=0)
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "bright_disc").symlink_to("../train/bright_disc")
+    with pytest.raises(DataError) as error:
+        vdata.index_image_folder(tmp_path)
+    assert_one_line(str(error.value), str(tmp_path / "test" / "bright_disc"), "is the same folder as",
+                    str(tmp_path / "train" / "bright_disc"))
