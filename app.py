@@ -7,11 +7,15 @@ The page takes an uploaded image (or, for grayscale models, a drawing), shows th
 classes, a map of how much each patch supports the predicted class (the method is a
 control: vit_hub.attribution.METHODS; the page opens with the one measured most faithful on
 the model, see QUICK_METHODS) and the attention rollout layer by layer. The same function is
-served as the named API endpoint `/predict` (and `/predict_drawing`) for gradio_client.
+served as the named API endpoint `/predict` (and `/predict_drawing`) for gradio_client;
+`/predict_labels` (image, top-k) gives the labels alone, without the four pictures that
+gradio_client would download one by one.
 
 Nothing happens at import: `build_demo(predictor)` builds the UI for any backend that
 implements `Predictor`, and `main()` parses the flags, loads the model and serves it,
-bound to 127.0.0.1 with analytics, share links and server-side rendering off.
+bound to 127.0.0.1 (GRADIO_SERVER_NAME when set) with analytics, share links and
+server-side rendering off. In a Space folder written by `vit-hub space`, its space.json
+names the model, so `python app.py` starts the Space's app with no flags.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from vit_hub.insight import ModelViews, compute_views, default_data, head_grid, 
 from vit_hub.preprocess import load_image, model_pixels, open_image, resize, to_model_domain, to_model_mode
 from vit_hub.attribution import METHODS, attention_map, blank_pixels, check_method, occlusion
 from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
+from vit_hub.space import read_settings
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_MODEL = ROOT / "models" / "vit-mnist"
@@ -115,10 +120,10 @@ class TorchPredictor:
         self.model_dir: Path | None = None
 
     @classmethod
-    def load(cls, reference: str | Path, threads: int | None = 1) -> "TorchPredictor":
+    def load(cls, reference: str | Path, threads: int | None = 1, revision: str | None = None) -> "TorchPredictor":
         from vit_hub.pretrained import load_model
 
-        predictor = cls(load_model(reference), threads)
+        predictor = cls(load_model(reference, revision), threads)
         predictor.model_dir = Path(reference) if Path(reference).is_dir() else None
         return predictor
 
@@ -156,13 +161,13 @@ class OnnxPredictor:
         self.predict(np.zeros((1, self.config.in_channels, *self.config.image_size), dtype=np.float32))
 
     @classmethod
-    def load(cls, reference: str | Path, threads: int | None = 1) -> "OnnxPredictor":
-        """A model dir or Hub repo id; without model_attentions.onnx there, export to a temp dir
-        first. threads: onnxruntime intra-op threads per session (one, as for torch)."""
+    def load(cls, reference: str | Path, threads: int | None = 1, revision: str | None = None) -> "OnnxPredictor":
+        """A model dir or Hub repo id (at `revision`); without model_attentions.onnx there, export
+        to a temp dir first. threads: onnxruntime intra-op threads per session (one, as for torch)."""
         from export import OnnxClassifier
 
         return cls(OnnxClassifier.from_model(reference, output_attentions=True, export_dir=_export_dir,
-                                             threads=threads))
+                                             threads=threads, revision=revision))
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         logits, attentions = self.classifier.run(pixels, output_attentions=True)
@@ -398,6 +403,14 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
         return result.scores, result.overlay, result.strip, result.model_input, result.heads
 
     @_user_errors
+    def predict_labels(image: dict | None, k: int = 3) -> dict[str, float]:
+        """The top-k labels only: no map and no pictures, for API callers that read nothing else
+        (through gradio_client each picture of /predict is one more download)."""
+        view = to_model_domain(read_upload(image), config)
+        probabilities, _ = predictor.predict(model_pixels(view, config)[None])
+        return dict(top_k(probabilities, config.labels, int(k))[0])
+
+    @_user_errors
     def predict_drawing(drawing: dict | None, head_fusion: str, discard_ratio: float, k: int,
                         method: str = default_method):
         """Like predict, for a drawing; the overlay shows the centred digit the model saw."""
@@ -466,6 +479,9 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
         # Gradio then does not check the path, so read_upload does: only uploads are opened.
         submit.click(predict, [image] + controls, outputs, api_name="predict", concurrency_id="model",
                      concurrency_limit=CONCURRENCY_LIMIT, preprocess=False)
+        # API only: the button is never shown, its event is the named endpoint /predict_labels.
+        gr.Button(visible=False).click(predict_labels, [image, k], label, api_name="predict_labels",
+                                       concurrency_id="model", concurrency_limit=CONCURRENCY_LIMIT, preprocess=False)
         if config.in_channels == 1:
             submit_drawing.click(predict_drawing, [drawing] + controls, outputs, api_name="predict_drawing",
                                  concurrency_id="model", concurrency_limit=CONCURRENCY_LIMIT)
@@ -536,23 +552,35 @@ def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, **l
 
 
 # Command line ---------------------------------------------------------------------------
-def load_predictor(reference: str | Path, backend: str) -> Predictor:
+def load_predictor(reference: str | Path, backend: str, revision: str | None = None) -> Predictor:
+    """revision: of a Hub repo id (branch, tag or commit; default main)."""
     if backend == "torch":
-        return TorchPredictor.load(reference)
+        return TorchPredictor.load(reference, revision=revision)
     if backend == "onnx":
-        return OnnxPredictor.load(reference)
+        return OnnxPredictor.load(reference, revision=revision)
     raise ValueError(f"--backend: expected torch or onnx, got {backend!r}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags; in a Space folder (`vit-hub space` wrote space.json beside app.py) the model,
+    revision and backend default to the Space's, and a Space's GRADIO_SERVER_NAME and
+    GRADIO_SERVER_PORT give the address, so `python app.py` needs no flags there."""
+    try:
+        space = read_settings(ROOT)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"app.py: {error}") from None
     parser = OneLineErrorParser(description="Serve a vit_hub model with explanation overlays.")
-    parser.add_argument("--model", default=str(DEFAULT_MODEL),
-                        help="model dir or Hugging Face Hub repo id (default: the bundled MNIST model)")
-    parser.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+    parser.add_argument("--model", default=space.model if space else str(DEFAULT_MODEL),
+                        help="model dir or Hugging Face Hub repo id (default: the Space's model in a Space folder, "
+                             "else the bundled MNIST model)")
+    parser.add_argument("--revision", default=space.revision if space else None,
+                        help="branch, tag or commit of a Hub repo id (default: the Space's pinned commit, else main)")
+    parser.add_argument("--backend", choices=("torch", "onnx"), default=space.backend if space else "torch",
                         help="onnx runs ONNX Runtime on model_attentions.onnx, exported to a temp dir "
                              "first when the model has none")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    parser.add_argument("--port", type=_port, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
+    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1",
+                        help="address to bind (default: GRADIO_SERVER_NAME, else 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=_port, default=os.environ.get("GRADIO_SERVER_PORT") or "7860",
                         help="default: GRADIO_SERVER_PORT, else 7860")
     return parser.parse_args(argv)
 
@@ -595,7 +623,7 @@ def main(argv: list[str] | None = None) -> None:
     check_can_listen(args.host, args.port)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        predictor = load_predictor(args.model, args.backend)
+        predictor = load_predictor(args.model, args.backend, args.revision)
         predictor.config.check_has_head("the app")
     except (OSError, ValueError) as error:
         raise SystemExit(f"app.py: cannot load --model {args.model}: {error}") from None

@@ -162,6 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
     importer.add_argument("--revision", help="branch, tag or commit of a Hub repo (default main)")
     importer.add_argument("--token", help="Hub token for gated or private repos (default: HF_TOKEN, then `hf auth login`)")
     add_hub_commands(commands)
+
+    space = commands.add_parser(
+        "space", help="write and upload a Gradio Space that demos a model",
+        description="Write a Hugging Face Space that serves MODEL with this project's app (ONNX backend, CPU, "
+                    "no torch) and upload it to --repo-id. A model folder is bundled into the Space (small models); "
+                    "a Hub repo id is downloaded when the Space starts, pinned to the commit it has now.")
+    space.add_argument("model", metavar="MODEL", help="model dir with its ONNX graphs (python -m export "
+                       "--output-attentions), or the Hub repo id of one pushed with --with-onnx")
+    space.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="the Space; created if it does not exist")
+    space.add_argument("--out", help="folder to write the Space to (default: ./NAME); a Space folder written "
+                                     "before is replaced")
+    space.add_argument("--revision", help="branch, tag or commit of a Hub MODEL to pin (default main)")
+    space.add_argument("--private", action="store_true", help="make the Space private when this creates it")
+    space.add_argument("--dry-run", action="store_true", help="write the folder only, upload nothing")
+    space.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`)")
     return parser
 
 
@@ -259,8 +274,22 @@ def run_inspect(args: argparse.Namespace) -> None:
     print(f"wrote {', '.join(path.name for path in written)} to {Path(args.out)}")
 
 
+def run_space(args: argparse.Namespace) -> None:
+    from .space import push_space, space_url, write_space
+
+    out = Path(args.out or args.repo_id.rpartition("/")[2])
+    written = write_space(args.model, out, args.repo_id, args.revision, args.token)
+    served = (f"{written.settings.model}@{written.settings.revision}" if written.settings.revision
+              else f"{args.model}, bundled")
+    print(f"wrote the Space to {out}: {len(written.files)} files, serving {served}")
+    if args.dry_run:
+        print(f"not uploaded (--dry-run); without it the Space goes to {space_url(args.repo_id)}")
+        return
+    print(f"uploaded: {push_space(out, args.repo_id, private=args.private or None, token=args.token)}")
+
+
 COMMANDS = {"train": run_train, "inspect": run_inspect, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,
-            "push": run_push, "pull": run_pull, "import": run_import}
+            "push": run_push, "pull": run_pull, "import": run_import, "space": run_space}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,264 @@
+"""A Hugging Face Space that demos a vit_hub model with this project's Gradio app.
+
+`write_space` fills a folder with what a Gradio Space runs: `app.py` and the sources of
+the `vit_hub` and `export` packages copied from this checkout (a Space cannot install them
+from anywhere else), the bundled sample digits, `requirements.txt`, a README whose front
+matter tells the Hub how to run it, and `space.json`, which names the model `app.py`
+serves when it starts with no flags:
+
+  - a model folder is bundled into the Space (`model/`; small models, see MAX_BUNDLE_BYTES);
+  - a Hub repo id is pulled when the Space starts, pinned to the commit it had when the
+    Space was written, so a later push to the model repo does not change the demo.
+
+The Space runs the app's ONNX backend: no torch to install (the Space builds and starts
+faster, and a CPU Space has no use for it), so the model needs its ONNX graphs
+(`python -m export --output-attentions`, or `vit-hub push --with-onnx` for a repo).
+The methods that need gradients are not offered there.
+
+`push_space` uploads the folder as a Space repo in one commit. This module never imports
+app.py (imports point app -> export -> vit_hub); it copies it as a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from huggingface_hub import HfApi, metadata_load
+
+from .hub import (DEFAULT_BRANCH, _push_token, check_config, check_model_dir, check_repo_id, fetch_file,
+                  has_file, hub_endpoint, hub_errors, MODEL_FILES)
+from .layout import ExportLayout
+
+SETTINGS_FILE = "space.json"  # in the Space folder: the model app.py serves and how
+MODEL_FOLDER = "model"  # a bundled model's folder inside the Space
+BACKEND = "onnx"  # torch-free: see the module docstring
+MAX_BUNDLE_BYTES = 100 * 2**20  # larger models are pulled from their Hub repo instead
+MAX_SETTINGS_BYTES = 64 * 2**10
+# What the app reads of a model dir beyond what a push uploads: the page's faithfulness line
+# (app.FAITHFULNESS_FILE, written by bench/faithfulness.py --write).
+APP_EXTRA_FILES = ("faithfulness.json",)
+CHECKOUT = Path(__file__).resolve().parents[1]  # where app.py, export/ and samples/ are
+SOURCES = ("app.py", "vit_hub/*.py", "export/*.py", "samples/*.png")  # relative to CHECKOUT
+# The packages the app imports on its ONNX path, pinned to the versions installed here.
+# onnxruntime stands for the installed onnxruntime-gpu: see ONNXRUNTIME_NOTE.
+REQUIREMENTS = ("gradio", "onnxruntime", "huggingface_hub", "numpy", "pillow", "matplotlib", "safetensors")
+ONNXRUNTIME_NOTE = (
+    "# onnxruntime is the CPU build. This project installs onnxruntime-gpu elsewhere and never both\n"
+    "# side by side (the CPU build would hide the CUDA provider); a CPU Space gets only this one, which\n"
+    "# leaves out the CUDA libraries that onnxruntime-gpu would bring and no CPU Space could load.\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceSettings:
+    """What app.py serves in a Space folder (space.json)."""
+
+    model: str  # a folder inside the Space (MODEL_FOLDER) or a Hub repo id
+    revision: str | None  # the repo's commit the Space is pinned to; None for a bundled model
+    backend: str = BACKEND
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenSpace:
+    folder: Path
+    settings: SpaceSettings
+    files: list[str]  # paths relative to the folder
+
+
+# Writing ------------------------------------------------------------------------------------
+def write_space(model: str | Path, out: str | Path, repo_id: str, revision: str | None = None,
+                token: str | None = None) -> WrittenSpace:
+    """Write the Space of `model` (a model folder, bundled; or a Hub repo id, pinned to
+    `revision`'s commit) into `out`, a new or empty folder or one this function wrote before
+    (replaced). `repo_id` is the Space's own OWNER/NAME (its title)."""
+    check_repo_id(repo_id, flag="--repo-id")
+    out = Path(out)
+    _check_out(out)
+    missing = [pattern for pattern in SOURCES if not any(CHECKOUT.glob(pattern))]
+    if missing:
+        raise FileNotFoundError(f"space: expected this project's sources ({', '.join(missing)}) beside the "
+                                f"vit_hub package in {CHECKOUT}, found none; run it from a source checkout")
+    if Path(model).is_dir():
+        model_dir = Path(model)
+        bundled = _files_to_bundle(model_dir)
+        settings, model_repo, card = SpaceSettings(MODEL_FOLDER, None), None, model_dir / "README.md"
+    else:
+        bundled = []
+        settings = SpaceSettings(str(model), _pinned_commit(str(model), revision, token))
+        model_repo, card = str(model), fetch_file(str(model), "README.md", settings.revision, token, required=False)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    files = _copy_sources(out) + [_copy(path, out / MODEL_FOLDER / path.name, out) for path in bundled]
+    licence = _licence(card)
+    for name, text in ((SETTINGS_FILE, json.dumps(dataclasses.asdict(settings), indent=2) + "\n"),
+                       ("requirements.txt", requirements_text()),
+                       ("README.md", readme_text(repo_id, settings, model_repo, licence))):
+        (out / name).write_text(text, encoding="utf-8")
+        files.append(name)
+    return WrittenSpace(out, settings, sorted(files))
+
+
+def _check_out(out: Path) -> None:
+    """`out` must be new, empty, or a Space folder written here before (it is replaced)."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out: expected a folder, got the file {out}")
+    if out.is_dir() and any(out.iterdir()) and not (out / SETTINGS_FILE).is_file():
+        raise ValueError(f"--out: expected a new or empty folder (or a Space folder `vit-hub space` wrote), "
+                              f"got {out} with other files in it")
+
+
+def _files_to_bundle(model_dir: Path) -> list[Path]:
+    """The model files the Space's app reads: config, weights (the "Inside the model" tab), both
+    ONNX graphs (classifying, occlusion) and the faithfulness figures when there are some."""
+    check_model_dir(model_dir, flag="space MODEL")
+    layout = ExportLayout.for_model(model_dir)
+    for graph in (layout.logits, layout.attentions):
+        if not graph.is_file():
+            raise FileNotFoundError(f"space: expected {graph.name} in {model_dir}, found none; the Space runs the "
+                                    f"ONNX backend, export it first: python -m export --model {model_dir} "
+                                    f"--out {model_dir} --output-attentions")
+    names = [name for name in (*MODEL_FILES, *APP_EXTRA_FILES) if name != "README.md"]
+    paths = [model_dir / name for name in names] + [layout.logits, layout.attentions]
+    paths = [path for path in paths if path.is_file() and not path.is_symlink()]
+    size = sum(path.stat().st_size for path in paths)
+    if size > MAX_BUNDLE_BYTES:
+        raise ValueError(f"space: {model_dir} is {size / 2**20:.0f} MB, over the {MAX_BUNDLE_BYTES // 2**20} MB "
+                         f"bundled in a Space; push it (vit-hub push --model {model_dir} --repo-id OWNER/NAME "
+                         f"--with-onnx) and give the repo id instead, the Space then pulls it when it starts")
+    return paths
+
+
+def _pinned_commit(repo_id: str, revision: str | None, token: str | None) -> str:
+    """The commit `revision` of the model repo is at now, after checking that it is a vit_hub
+    model with both ONNX graphs there."""
+    config = fetch_file(repo_id, "config.json", revision, token, flag="space MODEL")
+    check_config(config, repo_id)
+    with hub_errors(repo_id, revision):
+        commit = HfApi(endpoint=hub_endpoint(), token=token).model_info(repo_id, revision=revision or DEFAULT_BRANCH).sha
+    layout = ExportLayout.for_model(Path("."))
+    for name in (layout.logits.name, layout.attentions.name):
+        if not has_file(repo_id, name, commit, token):
+            raise FileNotFoundError(f"space: expected {name} in {repo_id}@{revision or DEFAULT_BRANCH}, found none; "
+                                    f"the Space runs the ONNX backend: push the model with its graphs, "
+                                    f"vit-hub push --model MODEL_DIR --repo-id {repo_id} --with-onnx")
+    return commit
+
+
+def _copy_sources(out: Path) -> list[str]:
+    return [_copy(path, out / path.relative_to(CHECKOUT), out)
+            for pattern in SOURCES for path in sorted(CHECKOUT.glob(pattern)) if path.is_file()]
+
+
+def _copy(source: Path, target: Path, root: Path) -> str:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    return target.relative_to(root).as_posix()
+
+
+def _licence(card: Path | None) -> str:
+    """The model card's licence; this project's (MIT) when the card states none."""
+    metadata = metadata_load(card) if card is not None and card.is_file() else None
+    licence = (metadata or {}).get("license")
+    return licence if isinstance(licence, str) and licence else "mit"
+
+
+def requirements_text() -> str:
+    """requirements.txt for a CPU Space: what the app's ONNX path imports, at the versions here."""
+    pins = []
+    for name in REQUIREMENTS:
+        installed = "onnxruntime-gpu" if name == "onnxruntime" and _installed("onnxruntime-gpu") else name
+        pins.append(f"{name}=={importlib.metadata.version(installed)}")
+    return ("# Written by `vit-hub space`: the app's ONNX backend needs no torch.\n" + ONNXRUNTIME_NOTE
+            + "\n".join(pins) + "\n")
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def readme_text(repo_id: str, settings: SpaceSettings, model_repo: str | None, licence: str) -> str:
+    """The Space's README: front matter for the Hub (sdk, its version, the model repo linked),
+    then what the Space serves and how to call it."""
+    front = {
+        "title": repo_id.split("/")[1],
+        "sdk": "gradio",
+        "sdk_version": importlib.metadata.version("gradio"),  # the same gradio as requirements.txt
+        "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "app_file": "app.py",
+        "license": licence,
+        "pinned": False,
+        "tags": ["vit_hub", "vision-transformer", "image-classification"],
+    }
+    if model_repo:
+        front["models"] = [model_repo]
+    served = (f"the model [{model_repo}](https://huggingface.co/{model_repo}) at commit `{settings.revision}`, "
+              f"downloaded when the Space starts" if model_repo else f"the model bundled in `{MODEL_FOLDER}/`")
+    return (f"---\n{_yaml(front)}---\n\n# {front['title']}\n\n"
+            f"A [vit_hub](https://github.com/vit-hub/vit_hub) Vision Transformer demo: upload an image to see "
+            f"the top classes, a map of the patches that support the prediction, and the attention rollout layer "
+            f"by layer. It serves {served}, with ONNX Runtime on the CPU.\n\n"
+            f"From Python, `gradio_client` calls `/predict` (labels and the four pictures) or "
+            f"`/predict_labels` (labels only, no pictures to download):\n\n"
+            f"```python\nfrom gradio_client import Client, handle_file\n\n"
+            f"client = Client(\"{repo_id}\")\n"
+            f"print(client.predict(handle_file(\"digit.png\"), 3, api_name=\"/predict_labels\"))\n```\n\n"
+            f"Written by `vit-hub space`; `{SETTINGS_FILE}` names the model `app.py` serves.\n")
+
+
+def _yaml(mapping: dict) -> str:
+    import yaml  # huggingface_hub's dependency
+
+    return yaml.safe_dump(mapping, sort_keys=False)
+
+
+# Reading (app.py) ----------------------------------------------------------------------------
+def read_settings(folder: Path) -> SpaceSettings | None:
+    """`folder`/space.json as app.py's defaults, None when there is none. A bundled model's folder
+    comes back as a path inside `folder` (one leading out of it is refused)."""
+    path = Path(folder) / SETTINGS_FILE
+    if not path.is_file():
+        return None
+    where = f"{SETTINGS_FILE} beside app.py"
+    if path.stat().st_size > MAX_SETTINGS_BYTES:
+        raise ValueError(f"{where}: expected at most {MAX_SETTINGS_BYTES} bytes, got {path.stat().st_size}")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ValueError(f"{where}: expected JSON, got {error}") from None
+    fields = {field.name for field in dataclasses.fields(SpaceSettings)}
+    if not isinstance(values, dict) or set(values) - fields or not isinstance(values.get("model"), str) \
+            or not isinstance(values.get("revision"), (str, type(None))) or values.get("backend") not in ("onnx", "torch"):
+        raise ValueError(f"{where}: expected {{\"model\": folder or repo id, \"revision\": commit or null, "
+                         f"\"backend\": \"onnx\" or \"torch\"}}, got {json.dumps(values)[:200]}")
+    settings = SpaceSettings(**values)
+    inside = Path(folder) / settings.model
+    if not inside.exists():
+        return settings  # a repo id
+    if not inside.resolve().is_relative_to(Path(folder).resolve()):
+        raise ValueError(f"{where}: expected the model folder inside the Space, got {settings.model!r}")
+    return dataclasses.replace(settings, model=str(inside))
+
+
+# Uploading ----------------------------------------------------------------------------------
+def space_url(repo_id: str) -> str:
+    return f"{hub_endpoint()}/spaces/{repo_id}"
+
+
+def push_space(folder: str | Path, repo_id: str, private: bool | None = None, token: str | None = None) -> str:
+    """Create the Gradio Space `repo_id` if needed and upload `folder` to it in one commit -> its URL."""
+    check_repo_id(repo_id, flag="--repo-id")
+    api = HfApi(endpoint=hub_endpoint(), token=_push_token(token), library_name="vit_hub")
+    with hub_errors(repo_id):
+        api.create_repo(repo_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="space",
+                          commit_message=f"Demo of {Path(folder).name}, written by vit-hub space")
+    return space_url(repo_id)
