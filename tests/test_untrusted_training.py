@@ -165,3 +165,90 @@ def test_a_test_class_that_links_to_the_training_class_is_refused(tmp_path):
         vdata.index_image_folder(tmp_path)
     assert_one_line(str(error.value), str(tmp_path / "test" / "bright_disc"), "is the same folder as",
                     str(tmp_path / "train" / "bright_disc"))
+
+
+# Item 9: --out inside --data ---------------------------------------------------------------------
+@pytest.mark.parametrize("out", ["data/results", "data", "data/bright_disc", "link/results"],
+                         ids=["inside", "the folder itself", "a class folder", "inside, through a link"])
+def test_out_inside_data_is_refused_in_one_line_before_anything_is_written(tmp_path, out):
+    """Before: accepted, and the next run gained a class `results` made of the model's plots."""
+    root = class_folders(tmp_path / "data")
+    (tmp_path / "link").symlink_to(root)
+    before = listing(tmp_path)
+    code, stderr = run_vit_hub("train", "--data", root, "--out", tmp_path / out, "--epochs", "1",
+                               *TINY_TRAIN_FLAGS)
+    assert code == 2
+    assert_one_line(stderr, f"--out {tmp_path / out}", f"outside --data {root}")
+    assert listing(tmp_path) == before
+
+
+def test_out_inside_data_is_refused_through_the_python_api_too(tmp_path):
+    root = class_folders(tmp_path / "data")
+    with pytest.raises(TrainingError) as error:
+        train(TrainSettings(data=str(root), out=str(root / "results"), epochs=1))
+    assert_one_line(str(error.value), "--out", "outside --data")
+    assert not (root / "results").exists()
+
+
+def test_out_beside_data_with_a_similar_name_is_accepted(tmp_path):
+    """`data-results` starts like `data` but is not inside it."""
+    root = class_folders(tmp_path / "data")
+    code, stderr = run_vit_hub("train", "--data", root, "--out", tmp_path / "data-results", "--epochs", "1",
+                               *TINY_TRAIN_FLAGS)
+    assert code == 0, stderr
+
+
+# Item 10: --resume with flags that would change the run -------------------------------------------
+@pytest.fixture(scope="module")
+def paused_run(tmp_path_factory) -> dict[str, Path]:
+    """One epoch of a two-epoch tiny run, paused with a resumable checkpoint."""
+    base = tmp_path_factory.mktemp("paused")
+    data = class_folders(base / "data")
+    out = base / "run"
+    code, stderr = run_vit_hub("train", "--data", data, "--out", out, "--epochs", "2", "--stop-after-epochs", "1",
+                               *TINY_TRAIN_FLAGS)
+    assert code == 0, stderr
+    return dict(data=data, out=out)
+
+
+@pytest.fixture
+def paused(paused_run, tmp_path) -> dict[str, Path]:
+    """A copy of the paused run that a test may continue."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(paused_run["out"], out)
+    return dict(data=paused_run["data"], out=out)
+
+
+def test_resume_refuses_flags_that_would_change_the_run_naming_each(paused, tmp_path):
+    """Before: --epochs, --embed-dim and --data were silently ignored."""
+    other = class_folders(tmp_path / "other")
+    before = listing(paused["out"])
+    code, stderr = run_vit_hub("train", "--resume", "--out", paused["out"], "--epochs", "5", "--embed-dim", "32",
+                               "--data", other, "--seed", "0", "--image-size", "16")
+    assert code == 2
+    line = assert_one_line(stderr, "--resume", "--epochs 5 (the checkpoint's: 2)", "--embed-dim 32 (the checkpoint's: 16)",
+                           f"--data {other} (the checkpoint's: {paused['data']})")
+    assert "--seed" not in line and "--image-size" not in line  # the same as the checkpoint's
+    assert listing(paused["out"]) == before
+
+
+def test_resume_refuses_a_changed_setting_through_the_python_api_too(paused):
+    with pytest.raises(TrainingError) as error:
+        train(TrainSettings(data="", out=str(paused["out"])), resume=True,
+              resume_flags={"lr": 0.1, "model": {"depth": 3}})
+    assert_one_line(str(error.value), "--lr 0.1", "--depth 3")
+
+
+def test_resume_accepts_the_checkpoint_s_own_values_and_applies_how_to_run_flags(paused):
+    """Flags equal to the checkpoint's are fine, however spelled (16 for 16x16, the data folder's
+    path through a link); --workers, --device, --compile and --strict say how to run, not what."""
+    link = paused["out"].parent / "same-data"
+    link.symlink_to(paused["data"])
+    code, stderr = run_vit_hub("train", "--resume", "--out", paused["out"], "--epochs", "2", "--image-size", "16x16",
+                               "--embed-dim", "16", "--data", link, "--lr", "3e-3", "--workers", "1", "--strict")
+    assert code == 0, stderr
+    settings = read_json(paused["out"] / "metrics.json")["settings"]
+    assert settings["num_workers"] == 1 and settings["strict"] is True
+    assert settings["data"] == str(paused["data"])  # the run's own spelling is kept

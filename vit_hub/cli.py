@@ -180,22 +180,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(args: argparse.Namespace):
-    """TrainSettings from the flags that were given; the dataclass supplies the rest."""
-    from .train import MODEL_FIELDS, TrainSettings, command_line
+def _given_settings(args: argparse.Namespace) -> dict:
+    """The TrainSettings fields whose flags were given (every flag defaults to None), the
+    ViTConfig ones under `model`."""
+    from .train import MODEL_FIELDS, TrainSettings
 
     def given(names) -> dict:
         return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
     training = [field.name for field in dataclasses.fields(TrainSettings) if field.name not in ("model", "command")]
-    return TrainSettings(**given(training), model=given(MODEL_FIELDS), command=command_line(getattr(args, "argv", None)))
+    return {**given(training), "model": given(MODEL_FIELDS)}
+
+
+def _settings(args: argparse.Namespace):
+    """TrainSettings from the flags that were given; the dataclass supplies the rest."""
+    from .train import TrainSettings, command_line
+
+    return TrainSettings(**_given_settings(args), command=command_line(getattr(args, "argv", None)))
 
 
 def run_train(args: argparse.Namespace) -> None:
     from .train import TrainSettings, train
 
-    if args.resume:  # the checkpoint's own settings are replayed
-        train(TrainSettings(data="", out=args.out), resume=True, stop_after_epochs=args.stop_after_epochs)
+    if args.resume:  # the checkpoint's own settings are replayed; flags given again must match them
+        flags = {name: value for name, value in _given_settings(args).items() if name != "out"}
+        train(TrainSettings(data="", out=args.out), resume=True, stop_after_epochs=args.stop_after_epochs,
+              resume_flags=flags)
     elif args.data is None:
         raise ValueError("train: expected --data (an image folder, 'mnist' or a torchvision name), got none")
     else:

@@ -55,6 +55,8 @@ MIN_DEFAULT_BATCH_SIZE = 32  # the default never goes below this unless the data
 SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported as a likely shift
 # The ViTConfig fields a run may set (flags, sweeps); the data decides the rest (its labels).
 MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig) if field.name not in ("num_classes", "labels"))
+# Settings that say how a run is carried out, not what it computes: --resume may change them.
+HOW_TO_RUN = ("num_workers", "device", "compile", "strict")
 
 
 @dataclasses.dataclass
@@ -429,12 +431,16 @@ def check_settings(settings: TrainSettings) -> None:
 
 # The run ------------------------------------------------------------------------------------
 class Trainer:
-    def __init__(self, settings: TrainSettings, resume: bool = False):
+    def __init__(self, settings: TrainSettings, resume: bool = False, resume_flags: dict[str, Any] | None = None):
+        """`resume_flags`: with `resume`, the settings given again (see `train`)."""
         self.out = Path(settings.out)
+        resume_flags = resume_flags or {}
         if resume:
             state = read_checkpoint_state(self.out)
-            settings = TrainSettings(**state["settings"])
+            how = {name: resume_flags[name] for name in HOW_TO_RUN if name in resume_flags}
+            settings = dataclasses.replace(TrainSettings(**state["settings"]), **how)
         check_settings(settings)
+        check_out_outside_data(self.out, settings.data)
         self.settings = settings
         self.runtime = start_runtime(settings.device)
         # The folder is listed once (rank 0) and the listing sent to every process; files are
@@ -457,6 +463,7 @@ class Trainer:
         self.batch_size = (settings.batch_size if settings.batch_size is not None
                            else default_batch_size(len(self.splits.train)))
         self._check_batch()
+        self._check_resume_flags(resume_flags)
         torch.manual_seed(settings.seed)
         self.model = VisionTransformer(**self.config.to_dict())
         if self.start:
@@ -492,6 +499,26 @@ class Trainer:
     @property
     def peak_lr(self) -> float:
         return peak_learning_rate(self.settings, self.batch_size)
+
+    @property
+    def warmup_epochs(self) -> float:
+        """--warmup-epochs, else 5 % of the epochs."""
+        return self.settings.warmup_epochs if self.settings.warmup_epochs is not None else 0.05 * self.epochs
+
+    def _check_resume_flags(self, flags: dict[str, Any]) -> None:
+        """Flags given with --resume that would change the run are refused, each named with the
+        checkpoint's value (what the run resolved: its epochs, batch, learning rate, config)."""
+        resolved = {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.peak_lr,
+                    "warmup_epochs": self.warmup_epochs}
+        differ = [(name, value, resolved.get(name, getattr(self.settings, name)))
+                  for name, value in flags.items() if name not in ("model", *HOW_TO_RUN)]
+        differ = [(name, given, own) for name, given, own in differ if not _same_setting(name, given, own)]
+        differ += [(name, given, getattr(self.config, name)) for name, given in flags.get("model", {}).items()
+                   if not _same_model_field(self.config, name, given)]
+        if differ:
+            named = ", ".join(f"{setting_flag(name)} {given} (the checkpoint's: {own})" for name, given, own in differ)
+            raise TrainingError(f"--resume: expected the settings of the run in {self.out} (or no flags), got {named}; "
+                                f"start a new run with --overwrite to change them")
 
     def _choose_config(self, settings: TrainSettings) -> tuple[vdata.ImageStats | None, ViTConfig]:
         stats = None if settings.preset else vdata.describe_images(self.splits.train, settings.seed)
@@ -637,8 +664,7 @@ class Trainer:
         settings, device = self.settings, self.runtime.device
         torch.manual_seed(settings.seed * 100_003 + epoch)  # dropout etc.: replayable per epoch
         total_steps = self.epochs * self.steps_per_epoch
-        warmup_epochs = settings.warmup_epochs if settings.warmup_epochs is not None else 0.05 * self.epochs
-        warmup_steps = max(1, round(warmup_epochs * self.steps_per_epoch))
+        warmup_steps = max(1, round(self.warmup_epochs * self.steps_per_epoch))
         self.network.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -852,6 +878,39 @@ def check_out_is_a_folder(out: Path) -> None:
         raise TrainingError(f"--out {out}: expected a folder (new or existing), found a file")
 
 
+def check_out_outside_data(out: Path, data: str) -> None:
+    """--out never lies inside an image folder given as --data: the next run would read the
+    model's plots as a class of images."""
+    if not Path(data).is_dir():
+        return
+    real_out, real_data = Path(os.path.realpath(out)), Path(os.path.realpath(data))
+    if real_out == real_data or real_out.is_relative_to(real_data):
+        raise TrainingError(f"--out {out}: expected a folder outside --data {data}, found it inside (the next "
+                            f"run would read what training writes there as images)")
+
+
+def setting_flag(name: str) -> str:
+    """The command-line flag of a TrainSettings or ViTConfig field."""
+    field = {field.name: field for field in dataclasses.fields(TrainSettings)}.get(name)
+    spelled = "--" + name.replace("_", "-")
+    return field.metadata.get("flag", spelled) if field else spelled
+
+
+def _same_setting(name: str, given: Any, own: Any) -> bool:
+    """A setting given again equals the run's own (--data: the same folder, however spelled)."""
+    if given == own:
+        return True
+    return name == "data" and Path(given).is_dir() and os.path.realpath(given) == os.path.realpath(own)
+
+
+def _same_model_field(config: ViTConfig, name: str, given: Any) -> bool:
+    """A model flag given again equals the config's value once normalised (16 is 16x16)."""
+    try:
+        return getattr(ViTConfig.from_dict({**config.to_dict(), name: given}), name) == getattr(config, name)
+    except (TypeError, ValueError):  # a value no config takes is not the config's either
+        return False
+
+
 def check_out_is_free(out: Path) -> None:
     """A new run never writes over a trained model or a resumable run without being told to."""
     found = [name for name in (CHECKPOINT, "model.safetensors") if (out / name).exists()]
@@ -863,14 +922,20 @@ def check_out_is_free(out: Path) -> None:
 
 
 def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int | None = None,
-          overwrite: bool = False) -> dict[str, Any]:
+          overwrite: bool = False, resume_flags: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run training (or continue it with `resume`); returns the metrics written.
     `stop_after_epochs` pauses the run early with a resumable checkpoint (time-boxed jobs);
-    a new run refuses an --out that holds a model or a run unless `overwrite`."""
+    a new run refuses an --out that holds a model or a run unless `overwrite`, and an --out
+    inside --data always.
+
+    `resume` replays the settings saved in the checkpoint of `settings.out` (its other fields
+    are not read). `resume_flags` are the settings given again with it (TrainSettings field
+    names, `model` holding ViTConfig fields): those in HOW_TO_RUN apply to the rest of the
+    run; any other that differs from the run's own refuses the resume, naming each."""
     check_out_is_a_folder(Path(settings.out))
     if not resume and not overwrite:
         check_out_is_free(Path(settings.out))
-    trainer = Trainer(settings, resume=resume)
+    trainer = Trainer(settings, resume=resume, resume_flags=resume_flags)
     try:
         return trainer.run(stop_after_epochs)
     finally:
