@@ -331,13 +331,29 @@ def explain(predictor: Predictor, view: Image.Image, head_fusion: str, discard_r
 
 
 def measured_faithfulness(model_dir: Path | None) -> dict | None:
-    """The model's faithfulness.json (bench/faithfulness.py --write), None when it has none."""
+    """The model's faithfulness.json (bench/faithfulness.py --write), None when it has none or
+    one the page cannot use (not JSON, an AUC that is not a number): a warning says why, and the
+    page opens with the default method."""
     path = model_dir / FAITHFULNESS_FILE if model_dir else None
     if path is None or not path.is_file():
         return None
-    import json
+    import warnings
 
-    return json.loads(path.read_text())
+    from vit_hub.config import read_json
+
+    try:
+        measured = read_json(path)
+        rows = measured.get("methods") if isinstance(measured, dict) else None
+        if not isinstance(rows, dict) or "images" not in measured:
+            raise ValueError(f"expected an object with images and methods, found {str(measured)[:80]}")
+        for name, row in rows.items():
+            aucs = [row.get(key) for key in ("deletion_auc", "insertion_auc")] if isinstance(row, dict) else [None]
+            if not all(isinstance(auc, (int, float)) and math.isfinite(auc) for auc in aucs):
+                raise ValueError(f"expected numbers for {name}'s deletion_auc and insertion_auc, found {str(row)[:80]}")
+    except ValueError as error:
+        warnings.warn(f"{FAITHFULNESS_FILE} not used, the page opens with the default method: {error}", stacklevel=2)
+        return None
+    return measured
 
 
 def opening_method(predictor: Predictor) -> str:

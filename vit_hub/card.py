@@ -3,18 +3,26 @@
 Every card written here ends with a seal, an HTML comment holding the SHA-256 of the text
 above it. The comment is invisible on the Hub; it lets `vit_hub.hub.push_to_hub` tell a
 card vit_hub wrote (safe to regenerate) from one a person has since edited (kept).
+
+Text from the model dir (labels, which are class-folder names, the folder's name, the source
+and notes of an imported model, metrics) is untrusted: it goes into the card through `_text`,
+escaped for Markdown and HTML on one line, or into code blocks fenced longer than any run of
+backticks it holds. A label `<img src=x onerror=alert(1)>` shows as written, and `|` or a
+newline cannot break a table.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import html
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .config import ViTConfig
+from .config import ViTConfig, read_json
 
 # Hub dataset ids for the datasets we know by name.
 HUB_DATASETS = {"mnist": "ylecun/mnist", "cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100",
@@ -51,10 +59,29 @@ def read_source_record(model_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_json(path)
     except ValueError:
         return None
     return record if isinstance(record, dict) and "source" in record else None
+
+
+MARKDOWN_SPECIALS = re.compile(r"([\\`\[\]|])")  # code, links and images, table cells (escaped with a backslash)
+LINE_BREAKS = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+
+
+def _text(value: Any) -> str:
+    """Untrusted text for a line of Markdown: on one line, HTML shown as text, and nothing that
+    starts code, a link, an image or a table cell."""
+    one_line = LINE_BREAKS.sub(" ", str(value))
+    return MARKDOWN_SPECIALS.sub(r"\\\1", html.escape(one_line, quote=False))
+
+
+def _code(language: str, *lines: str) -> list[str]:
+    """A fenced code block holding `lines` as written: its fence is longer than any run of
+    backticks in them, so no line can close it early."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}{language}", *lines, fence]
 
 
 def _origin(config: ViTConfig, source: dict[str, Any] | None) -> str:
@@ -64,9 +91,10 @@ def _origin(config: ViTConfig, source: dict[str, Any] | None) -> str:
     vit_hub = "[vit_hub](https://github.com/vit-hub/vit_hub)"
     if source is None:
         return f"A Vision Transformer image classifier trained from scratch with {vit_hub}: {outputs}, {image}."
-    where = f"[{source['source']}](https://huggingface.co/{source['source']})" if source.get("hub") else f"`{source['source']}`"
-    what = f"{source['library']} {source['architecture']} ({where})"
-    licence = (f"Licence: {source['license']}, as the source states." if source.get("license") else
+    name = _text(source["source"])
+    where = f"[{name}](https://huggingface.co/{quote(str(source['source']))})" if source.get("hub") else name
+    what = f"{_text(source['library'])} {_text(source['architecture'])} ({where})"
+    licence = (f"Licence: {_text(source['license'])}, as the source states." if source.get("license") else
                "The source states no licence: check its terms before using these weights.")
     if source.get("kind") == "imported":
         return f"A Vision Transformer converted with {vit_hub} from {what}, weights unchanged: {outputs}, {image}. {licence}"
@@ -83,7 +111,7 @@ def _architecture_table(config: ViTConfig, parameters: int | None) -> str:
         ("patch embedding", config.patch_embedding + (" + locality attention" if config.locality_attention else "")),
         ("regularisation", f"dropout {config.dropout:g}, drop path {config.drop_path:g}"),
         ("normalisation", _normalisation(config)),
-        ("classes", f"{config.num_classes}: {', '.join(config.labels[:12])}{' ...' if config.num_classes > 12 else ''}"
+        ("classes", f"{config.num_classes}: {', '.join(map(_text, config.labels[:12]))}{' ...' if config.num_classes > 12 else ''}"
                     if config.num_classes else "none: no head, the output is the pooled features"),
     ]
     if parameters:
@@ -110,14 +138,14 @@ def _metrics_section(metrics: dict[str, Any]) -> str:
     evaluation = metrics.get("evaluation")
     if evaluation:  # validation and test side by side
         lines += ["| split | accuracy | loss | images |", "|---|---|---|---|"]
-        lines += [f"| {name} | {split['accuracy']:.4f} | {split['loss']:.4f} | {split['n']} |"
+        lines += [f"| {_text(name)} | {split['accuracy']:.4f} | {split['loss']:.4f} | {split['n']} |"
                   for name, split in evaluation.items()]
         lines.append("")
     elif final:
-        lines.append(f"- **{final['split']} accuracy: {final['accuracy']:.4f}** "
+        lines.append(f"- **{_text(final['split'])} accuracy: {final['accuracy']:.4f}** "
                      f"(loss {final['loss']:.4f}, {final['n']} images)")
     if metrics.get("warning"):
-        lines.append(f"- **Warning: {metrics['warning']}.**")
+        lines.append(f"- **Warning: {_text(metrics['warning'])}.**")
     if metrics.get("best_val_accuracy") is not None and metrics.get("history"):
         lines.append(f"- best validation accuracy: {metrics['best_val_accuracy']:.4f} "
                      f"after {len(metrics['history'])} of {metrics.get('epochs')} epochs")
@@ -125,8 +153,8 @@ def _metrics_section(metrics: dict[str, Any]) -> str:
         lines.append(f"- throughput: {last['images_per_second']:.0f} training images/s")
     hardware = metrics.get("hardware")
     if hardware:
-        lines.append(f"- trained on: {hardware['device']} x {hardware['processes']} process(es), "
-                     f"{hardware['precision']}, torch {hardware['torch']}")
+        lines.append(f"- trained on: {_text(hardware['device'])} x {_text(hardware['processes'])} process(es), "
+                     f"{_text(hardware['precision'])}, torch {_text(hardware['torch'])}")
     return "\n".join(lines) or "No metrics recorded."
 
 
@@ -140,7 +168,7 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
         onnx = (model_dir / "model.onnx").is_file()
     config = ViTConfig.from_json(model_dir / "config.json")
     metrics_path = model_dir / "metrics.json"
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    metrics = read_json(metrics_path) if metrics_path.is_file() else {}
     name = repo_id or model_dir.name
     parameters = _count_parameters(model_dir)
     command = metrics.get("settings", {}).get("command") or "(not recorded)"
@@ -148,13 +176,14 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
     image_size = f"{config.image_size[0]}x{config.image_size[1]}"
     source = read_source_record(model_dir)
     if source and source.get("kind") == "imported":
-        training = ["## Conversion", "", "Not trained here; converted with:", "", "```bash",
-                    source.get("command") or "(not recorded)", "```", "", *[f"- {note}" for note in source["notes"]], ""]
+        training = ["## Conversion", "", "Not trained here; converted with:", "",
+                    *_code("bash", source.get("command") or "(not recorded)"), "",
+                    *[f"- {_text(note)}" for note in source["notes"]], ""]
     else:
-        training = ["## Training", "", "```bash", command, "```", ""]
+        training = ["## Training", "", *_code("bash", command), ""]
     sections = [
         "---", card_metadata(config, metrics, name, source).to_yaml(), "---", "",
-        f"# {name}", "", _origin(config, source), "",
+        f"# {_text(name)}", "", _origin(config, source), "",
         "## Architecture", "", _architecture_table(config, parameters), "",
         *training,
         "## Metrics", "", _metrics_section(metrics), "",
@@ -166,14 +195,13 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
     sections += _inside_section(model_dir)
     sections += [
         "## Usage", "",
-        "Python (PyTorch):", "", "```python",
-        "from vit_hub import VisionTransformer, predict_images",
-        f'model = VisionTransformer.from_pretrained("{reference}")',
-        'print(predict_images(model, ["image.png"], top_k=3))', "```", "",
-        "Command line:", "", "```bash", f"vit-hub predict --model {reference} image.png", "```", "",
+        "Python (PyTorch):", "",
+        *_code("python", "from vit_hub import VisionTransformer, predict_images",
+               f'model = VisionTransformer.from_pretrained("{reference}")',
+               'print(predict_images(model, ["image.png"], top_k=3))'), "",
+        "Command line:", "", *_code("bash", f"vit-hub predict --model {reference} image.png"), "",
         *_onnx_usage(reference, repo_id, onnx),
-        "Gradio app with attention-rollout overlays:", "", "```bash",
-        f"python app.py --model {reference}", "```", "",
+        "Gradio app with attention-rollout overlays:", "", *_code("bash", f"python app.py --model {reference}"), "",
         f"Preprocessing (in `config.json`): {_canonicalisation(config)}convert to "
         f"{'L' if config.in_channels == 1 else 'RGB'}, "
         f"resize to {image_size} ({config.interpolation}), scale to [0, 1], normalise with {_normalisation(config)}.", "",
@@ -191,15 +219,16 @@ def _inside_section(model_dir: Path) -> list[str]:
     if not report.is_file() or not shown:
         return []
     try:
-        readings = json.loads(report.read_text()).get("readings", {})
-    except ValueError:  # not JSON: the figures still show
-        readings = {}
+        readings = read_json(report).get("readings")
+    except (ValueError, AttributeError):  # not JSON, or not an object: the figures still show
+        readings = None
+    readings = readings if isinstance(readings, dict) else {}
     lines = ["## Inside the model", "",
              "The views of the ViT paper (Dosovitskiy et al. 2020, Figure 7): the patch projection's filters, "
              "the similarity of the position embeddings, and how far each head looks "
              "(`vit-hub inspect`; numbers in `inspect.json`).", ""]
     for name in shown:
-        lines += [f"![{name.replace('_', ' ')}]({FIGURES[name]})", "", readings.get(name, ""), ""]
+        lines += [f"![{name.replace('_', ' ')}]({FIGURES[name]})", "", _text(readings.get(name, "")), ""]
     return lines
 
 
@@ -208,17 +237,16 @@ def _onnx_usage(reference: str, repo_id: str | None, onnx: bool) -> list[str]:
     onnx_path = "model.onnx" if repo_id else str(Path(reference) / "model.onnx")
     lines = ["ONNX Runtime, no torch needed (`model.onnx` + `config.json`):", ""]
     if not onnx:
-        lines += ["```bash", f"python -m export --model {reference} --out {onnx_path}", "```", ""]
-    lines.append("```python")
+        lines += [*_code("bash", f"python -m export --model {reference} --out {onnx_path}"), ""]
     if repo_id:
-        lines += ["from huggingface_hub import hf_hub_download",
-                  f'config_path = hf_hub_download("{repo_id}", "config.json")',
-                  f'onnx_path = hf_hub_download("{repo_id}", "model.onnx")' if onnx else 'onnx_path = "model.onnx"']
+        paths = ["from huggingface_hub import hf_hub_download",
+                 f'config_path = hf_hub_download("{repo_id}", "config.json")',
+                 f'onnx_path = hf_hub_download("{repo_id}", "model.onnx")' if onnx else 'onnx_path = "model.onnx"']
     else:
-        lines.append(f'onnx_path, config_path = "{onnx_path}", "{Path(reference) / "config.json"}"')
-    return lines + ["from export import OnnxClassifier",
-                    "classifier = OnnxClassifier(onnx_path, config_path)",
-                    'print(classifier.predict("image.png", top_k=3))', "```", ""]
+        paths = [f'onnx_path, config_path = "{onnx_path}", "{Path(reference) / "config.json"}"']
+    return lines + [*_code("python", *paths, "from export import OnnxClassifier",
+                           "classifier = OnnxClassifier(onnx_path, config_path)",
+                           'print(classifier.predict("image.png", top_k=3))'), ""]
 
 
 def _count_parameters(model_dir: Path) -> int | None:

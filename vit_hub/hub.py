@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -115,17 +116,62 @@ def _fetch_after_config(repo_id: str, config_path: Path, revision: str | None, t
     return config_path.parent
 
 
-def pull(repo_id: str, out: str | Path, revision: str | None = None, token: str | None = None) -> Path:
-    """Download every file of a vit_hub model repo into `out`, a model dir."""
+def pull(repo_id: str, out: str | Path, revision: str | None = None, token: str | None = None,
+         overwrite: bool = False) -> Path:
+    """Download every file of a vit_hub model repo into `out`, a model dir: a new or empty folder,
+    or with `overwrite` one that is replaced whole (no file of the old model dir stays).
+
+    The repo's config is checked first; the files then go to a temporary folder beside `out`,
+    where the weights are checked against the config (names and shapes, from the safetensors
+    header) before that folder takes `out`'s place. A pull that fails leaves `out` as it was.
+    """
     check_repo_id(repo_id)
-    check_config(_download(repo_id, "config.json", revision, token), repo_id)
-    with hub_errors(repo_id, revision):
-        snapshot_download(repo_id, revision=revision or DEFAULT_BRANCH, local_dir=out, token=token,
-                          endpoint=hub_endpoint())
     out = Path(out)
-    if not (out / "model.safetensors").is_file():
-        raise HubError(f"{repo_id} is not a vit_hub model: it has no model.safetensors")
+    _check_pull_target(out, overwrite)
+    check_config(_download(repo_id, "config.json", revision, token), repo_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.pulling-", dir=out.parent))
+    try:
+        with hub_errors(repo_id, revision):
+            snapshot_download(repo_id, revision=revision or DEFAULT_BRANCH, local_dir=staging, token=token,
+                              endpoint=hub_endpoint())
+        _check_pulled(staging, repo_id)
+        _replace_folder(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _check_pull_target(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: expected a folder (new or empty), found a file")
+    if out.is_dir() and not overwrite and (names := sorted(path.name for path in out.iterdir())):
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise ValueError(f"--out {out}: expected a new or empty folder, found {shown} in it; --overwrite "
+                         f"replaces the folder whole")
+
+
+def _check_pulled(folder: Path, repo_id: str) -> None:
+    """The pulled files make a model dir whose weights fit its config, or a one-line error."""
+    from .pretrained import check_weights_fit  # torch: the torch-free ONNX runtime never pulls
+
+    if not (folder / "model.safetensors").is_file():
+        raise HubError(f"{repo_id} is not a vit_hub model: it has no model.safetensors")
+    check_safetensors(folder / "model.safetensors")
+    check_weights_fit(ViTConfig.from_json(folder / "config.json"), folder / "model.safetensors",
+                      name=f"{repo_id}'s model.safetensors")
+
+
+def _replace_folder(new: Path, target: Path) -> None:
+    """Move the folder `new` to `target`, a sibling; a folder already at `target` is moved aside
+    first and deleted after, so `target` never holds files of both."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.replaced-", dir=target.parent))
+    os.rename(target, old)  # onto the empty folder just made
+    os.rename(new, target)
+    shutil.rmtree(old)
 
 
 def check_model_dir(model_dir: Path, flag: str = "--model", weights: bool = True) -> None:
@@ -286,11 +332,11 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
         overwrite_card: replace a README.md that was edited on the Hub (otherwise kept).
     """
     model_dir = Path(model_dir)
+    names = [name for name in MODEL_FILES if name != "README.md"] + (onnx_files(model_dir) if with_onnx else [])
+    refuse_links_out(model_dir, [*names, "README.md"], flag="push --model")  # README.md: read for the card
     check_model_dir(model_dir, flag="push --model")
     check_repo_id(repo_id, flag="--repo-id")
-    files = [name for name in MODEL_FILES if name != "README.md" and (model_dir / name).is_file()]
-    if with_onnx:
-        files += onnx_files(model_dir)
+    files = [name for name in names if (model_dir / name).is_file()]  # regular files: no FIFO, no folder
     api = HfApi(endpoint=hub_endpoint(), token=_push_token(token), library_name="vit_hub")
     branch = revision or DEFAULT_BRANCH
     with hub_errors(repo_id, branch):
@@ -305,6 +351,17 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
                                    commit_message=commit_message or f"Upload vit_hub model from {model_dir.name}")
     return PushResult(repo_id=repo_id, revision=branch, commit_url=commit.commit_url,
                       files=[operation.path_in_repo for operation in operations], card=card_source)
+
+
+def refuse_links_out(folder: Path, names: list[str], flag: str) -> None:
+    """A one-line HubError when a named file of `folder` is a link leading out of it: a push would
+    upload whatever it points to (a curves.png linked to /etc/passwd). Links inside are fine."""
+    root = folder.resolve()
+    for name in names:
+        path = folder / name
+        if path.is_symlink() and not path.resolve().is_relative_to(root):
+            raise HubError(f"{flag}: expected regular files inside {folder}, found {name}, a link leading out of it "
+                           f"(copy the file in, or remove the link)")
 
 
 def _push_token(token: str | None) -> str:

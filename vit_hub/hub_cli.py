@@ -23,7 +23,9 @@ def add_hub_commands(subparsers) -> None:
 
     pull = subparsers.add_parser("pull", help="download a vit_hub model repo into a model dir")
     pull.add_argument("repo_id", metavar="OWNER/NAME")
-    pull.add_argument("--out", required=True, help="folder to write the model dir to")
+    pull.add_argument("--out", required=True, help="folder to write the model dir to (new or empty)")
+    pull.add_argument("--overwrite", action="store_true",
+                      help="replace a folder already at --out whole (nothing of it is kept)")
     pull.add_argument("--revision", help="branch, tag or commit (default main)")
     pull.add_argument("--token", help="Hub token for private repos (default: HF_TOKEN, then `hf auth login`)")
 
@@ -43,6 +45,6 @@ def run_push(args: argparse.Namespace) -> None:
 def run_pull(args: argparse.Namespace) -> None:
     from .hub import pull
 
-    out = pull(args.repo_id, args.out, revision=args.revision, token=args.token)
+    out = pull(args.repo_id, args.out, revision=args.revision, token=args.token, overwrite=args.overwrite)
     print(f"pulled {args.repo_id}@{args.revision or 'main'} into {out}")
 

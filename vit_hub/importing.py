@@ -35,11 +35,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from .config import INTERPOLATIONS, ViTConfig
+from .config import INTERPOLATIONS, ViTConfig, read_json
 from .hub import check_model_dir, fetch_file, has_file
+from .pretrained import (VisionTransformer, check_attention_size, check_finite, check_weights_fit, compare_shapes,
+                         expected_shapes, stored_shapes)
 from .storage import reading_safetensors
 
 WEIGHTS = "model.safetensors"
+PREPROCESSOR = "preprocessor_config.json"  # transformers' image processor: mean, std, resampling
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.pt", "pytorch_model.bin.index.json")
 SOURCE_RECORD = "source.json"  # provenance of an imported or fine-tuned model (card.py reads it)
 SOURCE_FLAG = "SRC"
@@ -96,8 +99,6 @@ class Imported:
 
     def model(self):
         """The vit_hub model with these weights (strict: every weight used, none missing), in eval mode."""
-        from .pretrained import VisionTransformer
-
         model = VisionTransformer(**self.config.to_dict())
         model.load_state_dict(self.weights, strict=True)
         return model.eval()
@@ -141,7 +142,7 @@ def read_source(reference: str | Path, revision: str | None = None, token: str |
             raise ImportRefused(f"{reference} has its weights in shards (model.safetensors.index.json); vit-hub import "
                                 f"reads one model.safetensors")
         raise ImportRefused(f"{reference}: expected {WEIGHTS} beside config.json, found none")
-    for name in ("preprocessor_config.json", "README.md") if library == "transformers" else ("README.md",):
+    for name in (PREPROCESSOR, "README.md") if library == "transformers" else ("README.md",):
         _fetch(files, name, revision, token)
     return files
 
@@ -160,9 +161,9 @@ def _has(files: SourceFiles, name: str, revision: str | None, token: str | None)
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ImportRefused(f"{path} is not valid JSON: {error}") from None
+        values = read_json(path)
+    except ValueError as error:  # not JSON, too large, or nested too deep
+        raise ImportRefused(str(error)) from None
     if not isinstance(values, dict):
         raise ImportRefused(f"{path}: expected a JSON object, found {type(values).__name__}")
     return values
@@ -194,7 +195,9 @@ def identify(config: dict[str, Any], reference: str) -> str:
 
 # Reading the weights ---------------------------------------------------------------------------
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors as float32 tensors (timm and transformers also publish fp16/bf16 weights)."""
+    """model.safetensors as float32 tensors (timm and transformers also publish fp16/bf16 weights).
+    Its header is read (and bounded) first: safetensors checks the shapes it declares fill the file."""
+    stored_shapes(folder / WEIGHTS)
     with reading_safetensors(folder / WEIGHTS):
         tensors = load_file(str(folder / WEIGHTS))
     return {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in tensors.items()}
@@ -272,7 +275,7 @@ def convert_timm(config: dict[str, Any], weights: dict[str, torch.Tensor], refer
     projection = weights["patch_embed.proj.weight"]  # [D, C, p, p]
     width, channels = projection.shape[:2]
     patch = list(projection.shape[2:])
-    depth = 1 + max(int(block.fullmatch(name).group(1)) for name in weights if block.fullmatch(name))
+    depth = 1 + max((int(block.fullmatch(name).group(1)) for name in weights if block.fullmatch(name)), default=-1)
     heads = args.get("num_heads") or TIMM_HEADS_BY_WIDTH.get(width)
     if heads is None:
         raise ImportRefused(f"{reference}: cannot tell how many attention heads timm's {architecture} of width "
@@ -289,6 +292,7 @@ def convert_timm(config: dict[str, Any], weights: dict[str, torch.Tensor], refer
         mean=pretrained.get("mean", 0.5), std=pretrained.get("std", 0.5),
         interpolation=_interpolation(pretrained.get("interpolation", "bicubic"), reference),
     )
+    checked = _checked_config(values, reference)
 
     converted = {"cls_token": weights["cls_token"], "pos_embedding": positions,
                  "patch_embedding.to_tokens.weight": projection, "norm.weight": weights["norm.weight"],
@@ -304,7 +308,7 @@ def convert_timm(config: dict[str, Any], weights: dict[str, torch.Tensor], refer
         if match:
             index, layer, kind = match.groups()
             converted[f"blocks.{index}.{TIMM_BLOCK_NAMES[layer]}.{kind}"] = tensor
-    return _checked_config(values, reference), converted
+    return checked, converted
 
 
 def timm_labels(config: dict[str, Any], num_classes: int) -> list[str]:
@@ -367,7 +371,7 @@ def convert_transformers(config: dict[str, Any], weights: dict[str, torch.Tensor
     projection = weights["embeddings.patch_embeddings.projection.weight"]
     width, channels = projection.shape[:2]
     patch = list(projection.shape[2:])
-    depth = 1 + max(int(block.fullmatch(name).group(1)) for name in weights if block.fullmatch(name))
+    depth = 1 + max((int(block.fullmatch(name).group(1)) for name in weights if block.fullmatch(name)), default=-1)
     image_size = _pair(config.get("image_size", 224))
     grid = (image_size[0] // patch[0], image_size[1] // patch[1])
     cls_position, positions = _split_positions(weights["embeddings.position_embeddings"], grid, reference)
@@ -384,6 +388,7 @@ def convert_transformers(config: dict[str, Any], weights: dict[str, torch.Tensor
         labels=[str(id2label.get(str(index), id2label.get(index, index))) for index in range(num_classes)],
         mean=mean, std=std, interpolation=interpolation,
     )
+    checked = _checked_config(values, reference)  # bounds the depth the loop below walks
 
     converted = {"cls_token": weights["embeddings.cls_token"], "pos_embedding": positions,
                  "patch_embedding.to_tokens.weight": projection,
@@ -405,7 +410,7 @@ def convert_transformers(config: dict[str, Any], weights: dict[str, torch.Tensor
         for kind in ("weight", "bias") if values["qkv_bias"] else ("weight",):
             converted[f"blocks.{index}.attention.to_qkv.{kind}"] = torch.cat(
                 [weights[f"{prefix}attention.attention.{part}.{kind}"] for part in ("query", "key", "value")])
-    return _checked_config(values, reference), converted
+    return checked, converted
 
 
 def _processor_values(preprocessor: dict[str, Any] | None) -> tuple[Any, Any, str]:
@@ -431,29 +436,49 @@ def _checked_config(values: dict[str, Any], reference: str) -> ViTConfig:
 def convert(files: SourceFiles) -> Imported:
     """SourceFiles of a timm or transformers ViT -> Imported (config, weights, provenance)."""
     library = identify(files.config, files.reference)
+    if library == "vit_hub":
+        raise ImportRefused(f"{files.reference} is already a vit_hub model: nothing to import (load it, or "
+                            f"fine-tune from it with vit-hub train --init)")
     weights = read_weights(files.folder)
+    processor_path = files.folder / PREPROCESSOR
+    try:
+        if library == "timm":
+            config, converted = convert_timm(files.config, weights, files.reference)
+        else:
+            processor = _read_json(processor_path) if processor_path.is_file() else None
+            config, converted = convert_transformers(files.config, weights, processor, files.reference)
+    except KeyError as error:  # a weight (or a config entry) the conversion reads is not there
+        raise ImportRefused(f"{files.reference}: expected {error.args[0]!r} in its weights or config, "
+                            f"found none") from None
+    check_converted(config, converted, files.reference)
     if library == "timm":
-        config, converted = convert_timm(files.config, weights, files.reference)
         pretrained = files.config["pretrained_cfg"]
         architecture = files.config["architecture"] + (f".{pretrained['tag']}" if pretrained.get("tag") else "")
         notes = []
         if pretrained.get("crop_pct", 1.0) < 1.0:
             notes.append(f"timm evaluates at crop_pct {pretrained['crop_pct']} (resize, then a centre crop); vit_hub "
                          f"resizes the whole image to {config.image_size[0]}x{config.image_size[1]}")
-    elif library == "transformers":
-        processor_path = files.folder / "preprocessor_config.json"
-        processor = _read_json(processor_path) if processor_path.is_file() else None
-        config, converted = convert_transformers(files.config, weights, processor, files.reference)
-        architecture = ", ".join(files.config.get("architectures") or ["ViTModel"])
-        notes = [] if processor else ["no preprocessor_config.json: ViTImageProcessor's defaults assumed "
-                                      "(bilinear, mean and std 0.5)"]
     else:
-        raise ImportRefused(f"{files.reference} is already a vit_hub model: nothing to import (load it, or "
-                            f"fine-tune from it with vit-hub train --init)")
+        architecture = ", ".join(files.config.get("architectures") or ["ViTModel"])
+        notes = [] if processor_path.is_file() else ["no preprocessor_config.json: ViTImageProcessor's defaults "
+                                                     "assumed (bilinear, mean and std 0.5)"]
     source = {"kind": "imported", "source": files.reference, "revision": files.revision, "hub": files.hub,
               "library": library, "architecture": architecture, "license": source_license(files),
               "num_classes": config.num_classes, "notes": notes}
     return Imported(config, converted, source)
+
+
+def check_converted(config: ViTConfig, weights: dict[str, torch.Tensor], reference: str) -> None:
+    """Before a model is built from them: the converted weights are exactly those a vit_hub model
+    of `config` holds (names and shapes, from model.py on the meta device), one image's attention
+    maps are not absurd for weights that size, and every weight is finite."""
+    where = f"{reference}: the converted weights"
+    try:
+        compare_shapes(expected_shapes(config), {name: tuple(tensor.shape) for name, tensor in weights.items()}, where)
+        check_attention_size(config, sum(tensor.numel() * tensor.element_size() for tensor in weights.values()), where)
+        check_finite(weights, where)
+    except ValueError as error:
+        raise ImportRefused(str(error)) from None
 
 
 def source_license(files: SourceFiles) -> str | None:
@@ -502,6 +527,9 @@ def load_init(reference: str | Path, revision: str | None = None, token: str | N
     if path.is_dir():
         check_model_dir(path, flag="--init")
     config = ViTConfig.from_json(files.folder / "config.json")
+    check_weights_fit(config, files.folder / WEIGHTS)  # before the weights are read
+    weights = read_weights(files.folder)
+    check_finite(weights, f"weights in {files.folder / WEIGHTS}")
     record = files.folder / SOURCE_RECORD
     earlier = _read_json(record) if record.is_file() else {}
     source = {"kind": "vit_hub", "source": str(reference), "revision": files.revision, "hub": files.hub,
@@ -510,7 +538,7 @@ def load_init(reference: str | Path, revision: str | None = None, token: str | N
               "notes": []}
     if earlier:
         source["from"] = earlier  # a model imported (or fine-tuned) earlier: its own origin
-    return Imported(config, read_weights(files.folder), source)
+    return Imported(config, weights, source)
 
 
 # Fields a fine-tuning run may change; everything else is the pretrained architecture's.

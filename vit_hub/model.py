@@ -257,7 +257,8 @@ class VisionTransformer(nn.Module):
             )
         self.embedding_dropout = nn.Dropout(config.dropout)
         # Stochastic depth grows linearly with depth: early blocks are almost never skipped.
-        drop_rates = torch.linspace(0, config.drop_path, config.depth).tolist()
+        # (On the CPU even when the model is built on the meta device for its shapes: .tolist() needs data.)
+        drop_rates = torch.linspace(0, config.drop_path, config.depth, device="cpu").tolist()
         self.blocks = nn.ModuleList(Block(config, rate) for rate in drop_rates)
         self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.pre_logits = (nn.Sequential(nn.Linear(dim, config.pre_logits), nn.Tanh())
