@@ -228,8 +228,8 @@ def test_resume_refuses_flags_that_would_change_the_run_naming_each(paused, tmp_
     code, stderr = run_vit_hub("train", "--resume", "--out", paused["out"], "--epochs", "5", "--embed-dim", "32",
                                "--data", other, "--seed", "0", "--image-size", "16")
     assert code == 2
-    line = assert_one_line(stderr, "--resume", "--epochs 5 (the checkpoint's: 2)", "--embed-dim 32 (the checkpoint's: 16)",
-                           f"--data {other} (the checkpoint's: {paused['data']})")
+    line = assert_one_line(stderr, "--resume", "--epochs 5 (the checkpoint's: 2)",
+                           "--embed-dim 32 (the checkpoint's: 16)", f"--data {other} (the checkpoint's: {paused['data']})")
     assert "--seed" not in line and "--image-size" not in line  # the same as the checkpoint's
     assert listing(paused["out"]) == before
 
@@ -252,3 +252,132 @@ def test_resume_accepts_the_checkpoint_s_own_values_and_applies_how_to_run_flags
     settings = read_json(paused["out"] / "metrics.json")["settings"]
     assert settings["num_workers"] == 1 and settings["strict"] is True
     assert settings["data"] == str(paused["data"])  # the run's own spelling is kept
+
+
+# Item 11: a training run SIGKILLed anywhere resumes to the same result ----------------------------
+# sitecustomize of the killed `vit-hub train` processes: at the point named by KILL_AT the run
+# writes KILL_MARK and sleeps, and the test kills it there. The weights and checkpoint writes
+# are paused half-way through the file, as a kill in the middle of the write leaves it.
+PAUSE_AT_A_POINT = textwrap.dedent('''
+    import os, time
+    from pathlib import Path
+
+    import safetensors.torch
+
+    POINT, MARK = os.environ.get("KILL_AT", ""), os.environ.get("KILL_MARK", "")
+
+
+    def pause():
+        Path(MARK).write_text(POINT)
+        time.sleep(600)
+
+
+    def half_a_file_then_pause(write):
+        def paused(tensors, filename, metadata=None):
+            name = Path(filename).name
+            if (POINT == "checkpoint" and name.startswith(train.CHECKPOINT)) or \\
+                    (POINT == "weights" and name == "model.safetensors"):
+                data = safetensors.torch.save(tensors, metadata=metadata)
+                with open(filename, "wb") as handle:
+                    handle.write(data[:len(data) // 2])
+                pause()
+            return write(tensors, filename, metadata=metadata)
+        return paused
+
+
+    def pause_before(function, times=lambda *args: True):
+        def paused(*args, **kwargs):
+            if times(*args):
+                pause()
+            return function(*args, **kwargs)
+        return paused
+
+
+    # the checkpoint (vit_hub.train) and the weights (huggingface_hub, through save_model) are
+    # written by safetensors' save_file: patched before vit_hub.train imports it
+    safetensors.torch.save_file = half_a_file_then_pause(safetensors.torch.save_file)
+    from vit_hub import train  # noqa: E402
+
+    steps = []
+
+
+    def in_the_second_epoch(trainer, *args):
+        steps.append(1)
+        return len(steps) == trainer.steps_per_epoch + 2
+
+
+    if POINT == "step":  # the second step of the second epoch this process trains
+        train.Trainer._step = pause_before(train.Trainer._step, in_the_second_epoch)
+    elif POINT == "metrics":  # after an epoch's checkpoint, before its metrics.json
+        train.Trainer._write_metrics = pause_before(train.Trainer._write_metrics)
+    elif POINT == "finish":  # every epoch trained and saved, the plots and card not yet drawn
+        train.plot_curves = pause_before(train.plot_curves)
+''')
+VIT_HUB = Path(sys.executable).with_name("vit-hub")
+
+
+def run_vit_hub_process(hooks: Path, argv: list, log: Path, kill_at: str = "") -> None:
+    """A real `vit-hub ARGV` process with the pause hooks: SIGKILLed once it pauses at `kill_at`,
+    or run to the end (exit 0) without one. Fails if it ends before the point, or errs."""
+    mark = log.with_suffix(".paused")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
+           "KILL_AT": kill_at, "KILL_MARK": str(mark), "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as output:
+        process = subprocess.Popen([VIT_HUB, *map(str, argv)], env=env, stdout=output, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    try:
+        while kill_at and not mark.exists():
+            assert process.poll() is None, f"the run ended before reaching {kill_at}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the run did not reach {kill_at} in 300 s"
+            time.sleep(0.05)
+        if not kill_at:
+            assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        process.kill()  # SIGKILL: nothing of the run's own clean-up runs
+        process.wait(timeout=60)
+
+
+def epochs_checkpointed(out: Path) -> int:
+    return read_checkpoint_state(out)["epoch"]
+
+
+def without_timing(history: list[dict]) -> list[dict]:
+    timing = ("images_per_second", "epoch_seconds", "model_tflop_s", "mfu")
+    return [{key: value for key, value in record.items() if key not in timing} for record in history]
+
+
+@pytest.mark.slow
+def test_a_run_sigkilled_at_five_points_resumes_to_the_bit_identical_result(split_image_folder, tmp_path):
+    """Killed inside the best weights' write, in a training step, inside the checkpoint's
+    write (half the file written: a checkpoint written in place is lost there), between the
+    checkpoint and metrics.json, and while drawing the plots at the end; resumed after each.
+    Every source of randomness is on: augmentation, dropout, stochastic depth, shuffling."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(PAUSE_AT_A_POINT)
+    flags = ["--data", split_image_folder, "--epochs", "3", *TINY_TRAIN_FLAGS, "--augment", "photos",
+             "--dropout", "0.1", "--drop-path", "0.1"]
+    straight, out = tmp_path / "straight", tmp_path / "killed"
+    run_vit_hub_process(hooks, ["train", "--out", straight, *flags], tmp_path / "straight.log")
+
+    resume = ["train", "--resume", "--out", out]
+    run_vit_hub_process(hooks, ["train", "--out", out, *flags], tmp_path / "1.log", kill_at="weights")
+    assert epochs_checkpointed(out) == 0  # epoch 1's best weights were being written
+    run_vit_hub_process(hooks, resume, tmp_path / "2.log", kill_at="step")
+    assert epochs_checkpointed(out) == 1
+    run_vit_hub_process(hooks, resume, tmp_path / "3.log", kill_at="checkpoint")
+    assert epochs_checkpointed(out) == 1  # epoch 2's checkpoint was half written: epoch 1's is whole
+    run_vit_hub_process(hooks, resume, tmp_path / "4.log", kill_at="metrics")
+    assert epochs_checkpointed(out) == 2
+    run_vit_hub_process(hooks, resume, tmp_path / "5.log", kill_at="finish")
+    assert epochs_checkpointed(out) == 3
+    run_vit_hub_process(hooks, resume, tmp_path / "6.log")
+
+    for name in ("model.safetensors", CHECKPOINT):
+        expected, resumed = load_file(str(straight / name)), load_file(str(out / name))
+        assert expected.keys() == resumed.keys()
+        assert all(expected[key].equal(resumed[key]) for key in expected), name
+    expected_metrics, metrics = read_json(straight / "metrics.json"), read_json(out / "metrics.json")
+    assert without_timing(metrics["history"]) == without_timing(expected_metrics["history"])
+    assert metrics["final"] == expected_metrics["final"]
+    assert sorted(path.name for path in out.iterdir()) == sorted(path.name for path in straight.iterdir())

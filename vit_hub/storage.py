@@ -4,8 +4,9 @@ Reading: `reading_safetensors(path)` wraps a safetensors read so that a file whi
 missing its data, cut short, unreadable or not safetensors at all (a pickle renamed to
 `model.safetensors`) fails with one line saying what was found. Nothing is ever unpickled.
 
-Writing: `write_text_atomically` and `replace_files` write beside the target and move the
-result in with `os.replace`, so a crash or a kill leaves either the old file or the new one.
+Writing: `replacing`, `write_text_atomically` and `replace_files` write beside the target,
+flush it to disk and move it in with `os.replace`, so a crash or a kill leaves either the old
+file or the new one (and so does a power cut, once the write has returned).
 """
 
 from __future__ import annotations
@@ -67,15 +68,53 @@ def reading_safetensors(path: str | Path) -> Iterator[None]:
                          f"({error})") from None
 
 
-def write_text_atomically(path: str | Path, text: str) -> None:
-    """`path.write_text(text)`, but a kill leaves the old file or the new one, never half of it."""
+@contextlib.contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside `path` for the block to write. When the block ends, the file is
+    flushed to disk and moved onto `path`; a block that fails leaves `path` as it was and
+    removes the temporary file.
+
+        with replacing(out / "checkpoint.safetensors") as partial:
+            save_file(tensors, str(partial))
+    """
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+    try:
+        yield partial
+        _flush(partial)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    _flush_folder(path.parent)
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """`path.write_text(text)`, but a kill leaves the old file or the new one, never half of it."""
+    with replacing(path) as partial:
+        partial.write_text(text)
 
 
 def replace_files(staging: Path, target: Path, names: Iterable[str]) -> None:
-    """Move each named file from `staging` into `target` (same file system), replacing any there."""
+    """Move each named file from `staging` into `target` (same file system), replacing any there;
+    each is flushed to disk before it moves."""
     for name in names:
+        _flush(staging / name)
         os.replace(staging / name, target / name)
+    _flush_folder(target)
+
+
+def _flush(path: Path) -> None:
+    """fsync: the file's bytes reach the disk before a rename makes them the file's."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _flush_folder(folder: Path) -> None:
+    """fsync a folder, so its renames reach the disk too (where the file system allows: some
+    refuse to sync a folder, and by then the files are whole and in place)."""
+    with contextlib.suppress(OSError):
+        _flush(folder)

@@ -42,7 +42,7 @@ from .importing import SOURCE_RECORD, Imported, describe, fine_tune_config, fine
 from .insight import views_after_training
 from .plots import plot_confusion_matrix, plot_curves
 from .pretrained import VisionTransformer
-from .storage import reading_safetensors, write_text_atomically
+from .storage import reading_safetensors, replacing, write_text_atomically
 
 CHECKPOINT = "checkpoint.safetensors"
 # Peak AdamW learning rate per 128 images when fine-tuning from pretrained weights (--init):
@@ -360,7 +360,8 @@ def evaluate(model: nn.Module, loader, device: torch.device, num_classes: int,
 def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     state: dict[str, Any]) -> None:
     """Model + optimizer tensors in safetensors, everything else as JSON metadata in the
-    same file. Written to a temporary name, then renamed: a crash never leaves half a file."""
+    same file. Written to a temporary name, flushed to disk, then renamed (`replacing`): a
+    kill or a crash never leaves half a file."""
     tensors = {f"model/{name}": value.contiguous() for name, value in model.state_dict().items()}
     optimizer_state = optimizer.state_dict()
     for index, values in optimizer_state["state"].items():
@@ -369,9 +370,8 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     groups = [{k: v for k, v in group.items() if k != "params"} | {"params": group["params"]}
               for group in optimizer_state["param_groups"]]
     metadata = {"state": json.dumps(state), "param_groups": json.dumps(groups)}
-    partial = path.with_name(path.name + ".partial")
-    save_file({k: v.cpu() for k, v in tensors.items()}, str(partial), metadata=metadata)
-    os.replace(partial, path)
+    with replacing(path) as partial:
+        save_file({k: v.cpu() for k, v in tensors.items()}, str(partial), metadata=metadata)
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
