@@ -13,6 +13,10 @@ file (HEAD/GET .../resolve/...) and create a commit:
                                                          so contents come inline, base64
     POST /api/models/{repo}/commit/{revision}         -> NDJSON: a header, then "file" lines
 
+Space repos (`repo_type="space"`) take the same calls under /api/spaces/. A fresh process
+whose HF_ENDPOINT is the double asks once for the AI-agent registry (for its user agent):
+
+    GET  /api/agent-harnesses                         -> an empty registry
 Repos live in memory (one dict of files per branch). Every commit and request is recorded.
 Writes need `Authorization: Bearer <token>`; anything else is answered 501 and recorded
 in `unexpected`, so a test notices when huggingface_hub starts calling something new.
@@ -34,17 +38,19 @@ from urllib.parse import unquote, urlsplit
 import yaml
 
 REPO = r"(?P<repo>[^/]+/[^/]+)"
+KIND = r"(?:models|spaces)"  # model repos and Space repos answer alike here; Repo.kind tells them apart
 ROUTES = [  # (method, pattern, handler name)
     ("POST", r"/api/repos/create", "create_repo"),
-    ("POST", rf"/api/models/{REPO}/branch/(?P<branch>[^/]+)", "create_branch"),
-    ("GET", rf"/api/models/{REPO}", "repo_info"),
-    ("GET", rf"/api/models/{REPO}/revision/(?P<revision>[^/]+)", "repo_info"),
-    ("GET", rf"/api/models/{REPO}/tree/(?P<revision>[^/]+)", "tree"),
+    ("GET", r"/api/agent-harnesses", "agent_harnesses"),
+    ("POST", rf"/api/{KIND}/{REPO}/branch/(?P<branch>[^/]+)", "create_branch"),
+    ("GET", rf"/api/{KIND}/{REPO}", "repo_info"),
+    ("GET", rf"/api/{KIND}/{REPO}/revision/(?P<revision>[^/]+)", "repo_info"),
+    ("GET", rf"/api/{KIND}/{REPO}/tree/(?P<revision>[^/]+)", "tree"),
     ("HEAD", rf"/{REPO}/resolve/(?P<revision>[^/]+)/(?P<path>.+)", "resolve"),
     ("GET", rf"/{REPO}/resolve/(?P<revision>[^/]+)/(?P<path>.+)", "resolve"),
     ("POST", r"/api/validate-yaml", "validate_yaml"),
-    ("POST", rf"/api/models/{REPO}/preupload/(?P<revision>[^/]+)", "preupload"),
-    ("POST", rf"/api/models/{REPO}/commit/(?P<revision>[^/]+)", "commit"),
+    ("POST", rf"/api/{KIND}/{REPO}/preupload/(?P<revision>[^/]+)", "preupload"),
+    ("POST", rf"/api/{KIND}/{REPO}/commit/(?P<revision>[^/]+)", "commit"),
 ]
 
 
@@ -67,6 +73,9 @@ class Branch:
 class Repo:
     private: bool
     branches: dict[str, Branch]
+    kind: str = "model"  # or "space", as create_repo asked
+    sdk: str | None = None  # a Space's, as create_repo asked
+    snapshots: dict[str, dict[str, bytes]] = dataclasses.field(default_factory=dict)  # commit -> every file then
 
 
 class HubDouble:
@@ -106,6 +115,7 @@ class HubDouble:
         oid = hashlib.sha1(f"{head.oid}{summary}{sorted(files)}{len(self.commits)}".encode()).hexdigest()
         head.files.update(files)
         head.oid = oid
+        self.repos[repo_id].snapshots[oid] = dict(head.files)
         commit = Commit(repo_id, branch, summary, dict(files), oid)
         self.commits.append(commit)
         return commit
@@ -179,12 +189,16 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _branch(self, repo: str, revision: str) -> Branch | None:
-        """The branch named `revision` or whose head commit it is, or None after answering 404."""
+        """The branch named `revision` or whose head commit it is (or the files at an older
+        commit, as a detached branch), or None after answering 404."""
         if repo not in self.hub.repos or (self.hub.repos[repo].private and not self._has_token()):
             self._error(404, "RepoNotFound", "Repository not found")
             return None
         branches = self.hub.repos[repo].branches
         branch = branches.get(revision) or next((b for b in branches.values() if b.oid == revision), None)
+        snapshot = self.hub.repos[repo].snapshots.get(revision)
+        if branch is None and snapshot is not None:
+            branch = Branch(files=snapshot, oid=revision)
         if branch is None:
             self._error(404, "RevisionNotFound", "Invalid rev id")
         return branch
@@ -203,8 +217,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         initial = hashlib.sha1(repo.encode()).hexdigest()
         private = request.get("visibility") == "private"
-        self.hub.repos[repo] = Repo(private=private, branches={"main": Branch(files={}, oid=initial)})
+        self.hub.repos[repo] = Repo(private=private, branches={"main": Branch(files={}, oid=initial)},
+                                    kind=request.get("type") or "model", sdk=request.get("sdk"))
         self._reply(200, {"url": f"{self.hub.url}/{repo}", "name": repo})
+
+    def agent_harnesses(self) -> None:
+        self._reply(200, {"standardEnvVars": [], "harnesses": {}})
 
     def create_branch(self, repo: str, branch: str) -> None:
         self._body()

@@ -1,0 +1,253 @@
+"""`vit-hub space`: the Space folder it writes, its upload to the Hub test double, and the
+written Space started the way the Hub starts one and queried through gradio_client.
+
+A Space runs `python app.py` with no flags in its folder, reached through
+GRADIO_SERVER_NAME and GRADIO_SERVER_PORT, with only what its requirements.txt installs.
+The tests start a copy of the written folder so: the interpreter cannot import torch nor
+this checkout's own vit_hub (a sitecustomize removes the editable install's finder), so a
+source missing from the folder or a torch import on the Space's path fails here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import free_port
+
+from hub_double import serving_hub
+from vit_hub.cli import main
+from vit_hub.hub import push_to_hub
+from vit_hub.space import MODEL_FOLDER, write_space
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "models" / "vit-mnist"
+SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"  # a 7
+TOKEN = "hf_vitHubSpaceTestToken0123456789abcdef"
+SPACE = "me/vit-mnist-demo"
+MODEL_REPO = "me/vit-mnist"
+# The address the Space's app is told to bind: not the app's own default (127.0.0.1), so a
+# served page proves that GRADIO_SERVER_NAME was read; still this machine only.
+SPACE_HOST = "127.0.0.2"
+# What a CPU Space installs for the app, and nothing else (see vit_hub.space.REQUIREMENTS).
+REQUIRED = {"gradio", "onnxruntime", "huggingface_hub", "numpy", "pillow", "matplotlib", "safetensors"}
+SPACE_PYTHON = '''
+import sys
+# Only what the Space folder holds: not this checkout's vit_hub and export (the editable install).
+sys.meta_path[:] = [finder for finder in sys.meta_path if "editable" not in getattr(finder, "__module__", "")]
+
+class NoTorch:
+    """A CPU Space written by vit-hub space installs no torch."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.partition(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r} (not installed in the Space)", name=name)
+        return None
+
+sys.meta_path.insert(0, NoTorch)
+'''
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    with serving_hub(monkeypatch, tmp_path / "hf-cache", TOKEN) as double:
+        yield double
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file()}
+
+
+def front_matter(readme: str) -> dict:
+    match = re.match(r"---\n(.*?)\n---\n", readme, re.DOTALL)
+    assert match, readme[:200]
+    return yaml.safe_load(match.group(1))
+
+
+def pins(requirements: str) -> dict[str, str]:
+    lines = [line for line in requirements.splitlines() if line.strip() and not line.startswith("#")]
+    assert all(re.fullmatch(r"[\w.-]+==[\w.+-]+", line) for line in lines), lines
+    return dict(line.split("==") for line in lines)
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+# The folder ---------------------------------------------------------------------------------
+def test_dry_run_writes_a_space_folder_and_uploads_nothing(hub, tmp_path, capsys):
+    out = tmp_path / "space"
+    assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert hub.commits == [] and hub.repos == {}
+    assert f"{hub.url}/spaces/{SPACE}" in printed and "--dry-run" in printed
+
+    written = files_of(out)
+    assert written["app.py"] == (ROOT / "app.py").read_bytes()  # this project's app, as it is
+    for package in ("vit_hub", "export"):
+        for source in (ROOT / package).glob("*.py"):
+            assert written[f"{package}/{source.name}"] == source.read_bytes()
+    for name in ("config.json", "model.safetensors", "model.onnx", "model_attentions.onnx", "faithfulness.json"):
+        assert written[f"{MODEL_FOLDER}/{name}"] == (MODEL_DIR / name).read_bytes()
+    assert not any(name.endswith((".pyc", ".gz")) for name in written)  # no caches, no training data
+
+    front = front_matter(written["README.md"].decode())
+    gradio_version = importlib.metadata.version("gradio")
+    assert front["sdk"] == "gradio" and front["sdk_version"] == gradio_version and front["app_file"] == "app.py"
+    assert front["title"] == "vit-mnist-demo" and front["license"] == "mit"  # the model card's licence
+    assert "models" not in front  # a bundled model has no model repo to link
+
+    pinned = pins(written["requirements.txt"].decode())
+    assert set(pinned) == REQUIRED  # no torch, and the CPU build of onnxruntime, never the GPU one
+    assert pinned["gradio"] == gradio_version
+    assert pinned["onnxruntime"] == importlib.metadata.version("onnxruntime-gpu")
+    for name in REQUIRED - {"onnxruntime"}:
+        assert pinned[name] == importlib.metadata.version(name)
+    assert "onnxruntime-gpu" in written["requirements.txt"].decode().split("\n\n")[0]  # the comment says why
+
+
+def test_upload_creates_a_gradio_space_with_the_folder_in_one_commit(hub, tmp_path, capsys):
+    out = tmp_path / "space"
+    assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--private", "--out", str(out)]) == 0
+    [commit] = hub.commits
+    space = hub.repos[SPACE]
+    assert (space.kind, space.sdk, space.private) == ("space", "gradio", True)
+    assert commit.files == files_of(out)
+    assert capsys.readouterr().out.strip().endswith(f"uploaded: {hub.url}/spaces/{SPACE}")
+    assert len(hub.validated_cards) == 1  # the Hub checked the README's front matter
+
+
+def test_a_space_folder_is_replaced_but_no_other_folder(hub, tmp_path, capsys):
+    out = tmp_path / "space"
+    assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--dry-run", "--out", str(out)]) == 0
+    (out / "stale.txt").write_text("from an older Space")
+    assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--dry-run", "--out", str(out)]) == 0
+    assert not (out / "stale.txt").exists()
+
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("mine")
+    assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--dry-run", "--out", str(other)]) == 2
+    assert "expected a new or empty folder" in one_line_error(capsys)
+    assert (other / "todo.txt").read_text() == "mine"
+
+
+def test_a_model_without_its_onnx_graphs_is_refused_naming_the_fix(hub, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(MODEL_DIR / name, bare / name)
+    assert main(["space", str(bare), "--repo-id", SPACE, "--dry-run", "--out", str(tmp_path / "a")]) == 2
+    assert "python -m export" in one_line_error(capsys)
+
+    push_to_hub(bare, MODEL_REPO)  # weights only
+    assert main(["space", MODEL_REPO, "--repo-id", SPACE, "--dry-run", "--out", str(tmp_path / "b")]) == 2
+    assert "--with-onnx" in one_line_error(capsys)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_pulled_space_pins_the_model_repo_and_links_it(hub, tmp_path):
+    push_to_hub(MODEL_DIR, MODEL_REPO, with_onnx=True)
+    commit = hub.repos[MODEL_REPO].branches["main"].oid
+    written = write_space(MODEL_REPO, tmp_path / "space", SPACE)
+    assert (written.settings.model, written.settings.revision) == (MODEL_REPO, commit)
+    assert not (written.folder / MODEL_FOLDER).exists()  # nothing bundled
+    assert front_matter((written.folder / "README.md").read_text())["models"] == [MODEL_REPO]
+
+
+# The Space, started as the Hub starts it -------------------------------------------------------
+@contextlib.contextmanager
+def running_space(folder: Path, tmp_path: Path, **env: str):
+    """`python app.py` in a copy of `folder`, with a Space's environment and no flags -> its URL.
+    On exit the app is stopped and the copy must be exactly as it was written."""
+    copy = tmp_path / "app"
+    shutil.copytree(folder, copy)
+    before = files_of(copy)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SPACE_PYTHON)
+    home, temp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    temp.mkdir()
+    port = free_port()
+    space_env = {key: value for key, value in os.environ.items() if not key.startswith(("GRADIO_", "HF_"))}
+    space_env.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1",  # bytecode caches are Python's, not the app's
+                     HOME=str(home), TMPDIR=str(temp), HF_HUB_DISABLE_TELEMETRY="1",
+                     HF_ENDPOINT=f"http://127.0.0.1:{free_port()}",  # nowhere, unless a test gives its Hub
+                     GRADIO_SERVER_NAME=SPACE_HOST, GRADIO_SERVER_PORT=str(port))
+    space_env.update(env)
+    log = tmp_path / "app.log"
+    with open(log, "wb") as output:
+        server = subprocess.Popen([sys.executable, "app.py"], cwd=copy, env=space_env, stdout=output,
+                                  stderr=subprocess.STDOUT)
+    url = f"http://{SPACE_HOST}:{port}/"
+    try:
+        wait_until_serving(server, url, log)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert files_of(copy) == before, "the app wrote into its own folder"
+
+
+def wait_until_serving(server: subprocess.Popen, url: str, log: Path, timeout: float = 300) -> None:
+    from gradio_client import Client
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"app.py exited with {server.returncode}:\n{log.read_text()[-3000:]}"
+        try:
+            Client(url, verbose=False)
+            return
+        except Exception:  # not listening yet
+            time.sleep(1)
+    raise AssertionError(f"app.py did not serve {url} within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def classify(url: str) -> None:
+    """The sample through both named endpoints: labels with the four pictures, and labels alone."""
+    from gradio_client import Client, handle_file
+    from PIL import Image
+
+    client = Client(url, verbose=False)
+    scores, overlay, strip, model_input, heads = client.predict(handle_file(str(SAMPLE)), "mean", 0.0, 3,
+                                                                api_name="/predict")
+    assert scores["label"] == "7" and len(scores["confidences"]) == 3
+    assert Image.open(overlay).size == Image.open(model_input).size == (280, 280)
+    labels = client.predict(handle_file(str(SAMPLE)), 2, api_name="/predict_labels")
+    assert labels["label"] == "7" and len(labels["confidences"]) == 2
+    assert labels["confidences"][0]["confidence"] == pytest.approx(scores["confidences"][0]["confidence"])
+
+
+@pytest.mark.slow
+def test_bundled_space_starts_as_a_space_and_classifies(tmp_path):
+    written = write_space(MODEL_DIR, tmp_path / "space", SPACE)
+    with running_space(written.folder, tmp_path) as url:
+        classify(url)
+
+
+@pytest.mark.slow
+def test_pulled_space_starts_on_its_pinned_commit_and_classifies(hub, tmp_path):
+    push_to_hub(MODEL_DIR, MODEL_REPO, with_onnx=True)
+    pinned = hub.repos[MODEL_REPO].branches["main"].oid
+    written = write_space(MODEL_REPO, tmp_path / "space", SPACE)
+    hub.put_file(MODEL_REPO, "model_attentions.onnx", b"a later push the Space must not pick up")
+    written_at = len(hub.requests)
+    with running_space(written.folder, tmp_path, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home")) as url:
+        classify(url)
+    fetched = [request for request in hub.requests[written_at:] if f"/{MODEL_REPO}/resolve/" in request]
+    assert fetched and all(f"/resolve/{pinned}/" in request for request in fetched), fetched
+    assert any(request.endswith("/model_attentions.onnx") for request in fetched)
