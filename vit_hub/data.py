@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageStat
+from PIL import Image, ImageFilter, ImageStat
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from torchvision import datasets, transforms
 from torchvision.datasets.folder import IMG_EXTENSIONS
@@ -36,6 +36,8 @@ from .preprocess import open_image, preprocess, resize, to_model_domain
 BUNDLED_MNIST = Path(__file__).parent / "bundled"
 AUGMENTATIONS = ("auto", "digits", "photos", "none")
 CROP_SCALE = (0.5, 1.0)  # share of the image a random-resized crop keeps
+ELASTIC_ALPHA, ELASTIC_SIGMA = 8.0, 3.0  # digits: displacement field strength and smoothness, in pixels
+NOISE_LEVELS = 20.0  # digits: the largest sensor-noise deviation, in gray levels
 
 # torchvision datasets we read from --data-root: name -> (class, how it selects a split)
 TORCHVISION_DATASETS = {
@@ -290,8 +292,9 @@ class _ClassListing:
 
     def _walk(self, split: str, label: int, path: str, real: str) -> list[tuple[str, int, str]]:
         """List the tree under a claimed folder, its own subfolders claimed as they are met;
-        the links in it are returned (to folders) or set aside (to files) for later."""
-        links, stack = [], [(path, real)]
+        the links in it are returned (to folders) or set aside (to files) for later, sorted,
+        so which of two links to one folder lists it does not depend on the directory order."""
+        links, file_links, stack = [], [], [(path, real)]
         while stack:
             folder, real_folder = stack.pop()
             try:
@@ -303,7 +306,7 @@ class _ClassListing:
                     if os.path.isdir(entry.path):
                         links.append((split, label, entry.path))
                     elif entry.name.lower().endswith(IMG_EXTENSIONS):
-                        self.file_links.append((split, label, folder, entry.name))
+                        file_links.append((split, label, folder, entry.name))
                 elif entry.is_dir():
                     real_child = os.path.join(real_folder, entry.name)
                     if real_child not in self.claimed:
@@ -311,7 +314,8 @@ class _ClassListing:
                         stack.append((entry.path, real_child))
                 elif entry.name.lower().endswith(IMG_EXTENSIONS):
                     self.found.setdefault((split, label), {}).setdefault(folder, []).append(entry.name)
-        return links
+        self.file_links += sorted(file_links)
+        return sorted(links)
 
     def _add_linked_file(self, split: str, label: int, folder: str, name: str) -> None:
         """A link to a file is listed unless the file is in a folder listed already (there it is
@@ -558,7 +562,9 @@ GREY = np.array([0.299, 0.587, 0.114])  # luma weights of PIL's and torchvision'
 class TrainTransform:
     """Random augmentation, then the same conversion and normalisation as EvalTransform.
 
-    digits: small random affine (rotation, shift, scale, shear) of the resized image.
+    digits: small random affine (rotation, shift, scale, shear) of the resized image, then
+        what canonicalising an upload leaves (`upload_variations`): elastic distortion, a
+        stroke a little thicker or thinner, blur and sensor noise.
     photos: random-resized crop that keeps most of the frame (a small object is not cropped
         away), horizontal flip, colour jitter (another camera, stain or light: brightness,
         contrast, saturation and hue), RandAugment, then random erasing.
@@ -574,6 +580,7 @@ class TrainTransform:
         self.model_input = ModelInput(config)
         if self.augment == "digits":
             self.affine = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=8)
+            self.elastic = v2.RandomApply([v2.ElasticTransform(alpha=ELASTIC_ALPHA, sigma=ELASTIC_SIGMA)], p=0.5)
         elif self.augment == "photos":
             self.rand_augment = v2.RandAugment(num_ops=2, magnitude=9)
 
@@ -588,7 +595,7 @@ class TrainTransform:
             image = self.rand_augment(colour_jitter(image))
             box = erasing_box(*self.config.image_size)
         elif self.augment == "digits":
-            image = self.affine(resize(image, self.config))
+            image = upload_variations(self.elastic(self.affine(resize(image, self.config))))
         else:
             image = resize(image, self.config)
         return uint8_pixels(image), torch.tensor(box, dtype=torch.int32)
@@ -596,6 +603,22 @@ class TrainTransform:
     def __call__(self, image: Image.Image) -> torch.Tensor:
         pixels, box = self.prepare(image)
         return self.model_input(pixels[None], box[None])[0]
+
+
+def upload_variations(digit: Image.Image) -> Image.Image:
+    """A canonical digit ("L", light on black) as canonicalising people's uploads leaves it,
+    each change with its own chance: strokes up to half a pixel thicker or thinner (the stroke width
+    is set from an estimate), blurred (a soft photo) and speckled (sensor noise)."""
+    if torch.rand(1) < 0.3:
+        pen = ImageFilter.MaxFilter(3) if torch.rand(1) < 0.5 else ImageFilter.MinFilter(3)
+        digit = Image.blend(digit, digit.filter(pen), 0.5 * float(torch.rand(1)))
+    if torch.rand(1) < 0.3:
+        digit = digit.filter(ImageFilter.GaussianBlur(0.3 + 0.5 * float(torch.rand(1))))
+    if torch.rand(1) < 0.3:
+        noise = torch.randn(digit.height, digit.width) * (NOISE_LEVELS * float(torch.rand(1)))
+        digit = Image.fromarray((torch.from_numpy(np.asarray(digit, dtype=np.float32)) + noise)
+                                .clamp(0, 255).round().to(torch.uint8).numpy())
+    return digit
 
 
 def uint8_pixels(image: Image.Image) -> torch.Tensor:
