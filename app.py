@@ -413,7 +413,8 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                 method: str = default_method):
         """Top-k labels, the method's overlay (at display_size of the input, or of the canonical
         input when the config canonicalises), the per-layer rollout strip, the model's input and
-        the per-head maps."""
+        the per-head maps. Callers that read only the labels: /predict_labels (no pictures), or
+        gradio_client's Client(..., download_files=False) to fetch only the pictures wanted."""
         view = to_model_domain(read_upload(image), config)
         result = explain(predictor, view, head_fusion, discard_ratio, k, method)
         return result.scores, result.overlay, result.strip, result.model_input, result.heads

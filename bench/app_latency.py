@@ -13,6 +13,16 @@ that only echoes a string, served with the same launch settings and called the s
 
     python bench/app_latency.py [--model models/vit-mnist] [--backends torch onnx]
                                 [--requests 200] [--concurrency 4]
+
+With --versus-bare: the app's named endpoints against a bare Gradio app that takes the same
+inputs with the same launch settings and answers a constant label, both serving at once and
+called in turn (one call of each per round, the order rotating), one client each, so that a
+machine shared with other jobs slows all of them alike. Reported: each one's p50 over
+--calls rounds and its ratio to the bare app's p50. /predict is timed as gradio_client calls
+it by default (its four pictures downloaded, each with a new HTTP client) and with
+download_files=False (the pictures stay on the server, their URLs come back).
+
+    python bench/app_latency.py --versus-bare [--backends torch] [--calls 40]
 """
 
 from __future__ import annotations
@@ -49,6 +59,18 @@ with gr.Blocks(analytics_enabled=False) as demo:
 app.serve(demo, port=int(sys.argv[1]))
 """
 
+# The floor of /predict: the app's inputs and launch settings around a constant answer.
+BARE_SERVER = """
+import sys, gradio as gr, app
+with gr.Blocks(analytics_enabled=False) as demo:
+    image = gr.Image(type="filepath")
+    controls = [gr.Radio(list(app.HEAD_FUSIONS), value="mean"), gr.Slider(0.0, 0.95, value=0.0),
+                gr.Slider(1, 10, value=3, step=1), gr.Dropdown(list(app.METHODS), value=app.DEFAULT_METHOD)]
+    label = gr.Label()
+    gr.Button().click(lambda *inputs: {"7": 1.0}, [image, *controls], label, api_name="predict", preprocess=False)
+app.serve(demo, port=int(sys.argv[1]))
+"""
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,6 +83,9 @@ def parse_args() -> argparse.Namespace:
                         help="only the in-process handler time of every explanation method the backend offers "
                              "(no server; one thread), to pick the app's default method")
     parser.add_argument("--rounds", type=int, default=200, help="handler calls per measurement")
+    parser.add_argument("--versus-bare", action="store_true",
+                        help="the app's endpoints against a bare Gradio app with the same inputs, interleaved")
+    parser.add_argument("--calls", type=int, default=40, help="rounds of --versus-bare (one call of each per round)")
     parser.add_argument("--samples", type=Path, default=ROOT / "samples",
                         help="folder of images to send (default: the bundled MNIST samples)")
     return parser.parse_args()
@@ -203,11 +228,64 @@ def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: l
     return dict(row, name=f"/predict, {predictor.description}", model=f"{model:.2f}", handler=f"{handler:.2f}")
 
 
+def versus_bare(args: argparse.Namespace, samples: list[Path], backend: str) -> None:
+    """The app's endpoints and the bare app's, served at once and called in turn (see the docstring)."""
+    app_port, bare_port = free_port(), free_port()
+    servers = [start_server([sys.executable, "app.py", "--model", args.model, "--backend", backend, "--port",
+                             str(app_port)], app_port),
+               start_server([sys.executable, "-c", BARE_SERVER, str(bare_port)], bare_port)]
+    app_url, bare_url = f"http://127.0.0.1:{app_port}/", f"http://127.0.0.1:{bare_port}/"
+
+    def predict(client: Client, sample: Path) -> Any:  # the caller leaves the method to the app
+        return client.predict(handle_file(str(sample)), "mean", 0.0, 3, api_name="/predict")
+
+    def predict_labels(client: Client, sample: Path) -> Any:
+        return client.predict(handle_file(str(sample)), 3, api_name="/predict_labels")
+
+    calls = {  # name -> (client, call)
+        "/predict, pictures downloaded (gradio_client's default)": (Client(app_url, verbose=False), predict),
+        "/predict, download_files=False": (Client(app_url, verbose=False, download_files=False), predict),
+        "/predict_labels": (Client(app_url, verbose=False), predict_labels),
+        "bare app: same inputs, constant label": (Client(bare_url, verbose=False), predict),
+    }
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    load_before = os.getloadavg()[0]
+    try:
+        for round_index in range(args.warmup + args.calls):
+            names = list(calls)
+            names = names[round_index % len(names):] + names[:round_index % len(names)]  # rotate the order
+            for name in names:
+                client, call = calls[name]
+                start = time.perf_counter()
+                result = call(client, samples[round_index % len(samples)])
+                if round_index >= args.warmup:
+                    times[name].append(1000 * (time.perf_counter() - start))
+                scores = result[0] if isinstance(result, tuple) else result
+                if not scores.get("label"):
+                    raise ValueError(f"{name}: no label in {scores}")
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)
+    floor = float(np.median(times["bare app: same inputs, constant label"]))
+    print(f"model {args.model}, backend {backend}; p50 of {args.calls} calls each, interleaved, one gradio_client "
+          f"per row, servers in their own processes")
+    print("| call | p50 ms | x bare p50 |\n|---|---|---|")
+    for name, values in times.items():
+        print(f"| {name} | {np.median(values):.1f} | {np.median(values) / floor:.2f} |")
+    print(f"\nload average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} cores); "
+          f"{time.strftime('%Y-%m-%d %H:%M')}; command: python {' '.join(sys.argv)}")
+
+
 def main() -> None:
     args = parse_args()
     samples = as_uploads(sorted(path for path in args.samples.rglob("*") if path.suffix in (".png", ".jpg"))[:20])
     if args.handler_only:
         handler_table(args, samples)
+        return
+    if args.versus_bare:
+        for backend in args.backends:
+            versus_bare(args, samples, backend)
         return
     load_before = os.getloadavg()[0]
     floor = measure([sys.executable, "-c", ECHO_SERVER], lambda client, i: client.predict(str(i), api_name="/echo"),
