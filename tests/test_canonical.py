@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import digit_on_paper
-from PIL import Image, ImageOps
+from PIL import Image, ImageDraw, ImageFilter, ImageOps
 
 from vit_hub import data as vdata
-from vit_hub.canonical import EmptyImageError, centre_digit
+from vit_hub.canonical import STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
 from vit_hub.config import ViTConfig
 from vit_hub.preprocess import preprocess, to_model_domain, to_model_mode
 
@@ -37,7 +37,8 @@ def correlation(first, second) -> float:
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
 def test_an_mnist_digit_is_left_almost_as_it_is(sample):
-    assert correlation(centre_digit(Image.open(sample), (28, 28)), digit(sample)) > 0.95
+    """Its stroke is set to MNIST's median width, so a thin or bold one changes a little."""
+    assert correlation(centre_digit(Image.open(sample), (28, 28)), digit(sample)) > 0.85
 
 
 @pytest.mark.parametrize("sample", SAMPLES[:4], ids=lambda path: path.name)
@@ -75,6 +76,102 @@ def test_the_digit_fills_the_configured_box_and_is_centred_by_mass():
 def test_a_blank_image_is_refused(image):
     with pytest.raises(EmptyImageError, match="expected an image of a digit, found"):
         centre_digit(to_model_mode(image, 1), (28, 28))
+
+
+# Pen, paper and canvas as people upload them (issue 24) ------------------------------------------
+# Digits as pen paths in a unit box (x right, y down): what a person draws, at any size and width.
+PATHS = {
+    "7": [[(0.15, 0.05), (0.85, 0.05), (0.4, 0.95)]],
+    "4": [[(0.65, 0.95), (0.65, 0.05), (0.1, 0.65), (0.9, 0.65)]],
+    "2": [[(0.15, 0.25), (0.35, 0.05), (0.7, 0.05), (0.85, 0.25), (0.8, 0.45), (0.15, 0.95), (0.9, 0.95)]],
+}
+
+
+def drawn(label: str, canvas=(300, 300), box=(50, 50, 250, 250), width=12, ink=255, paper=0,
+          mode="L") -> Image.Image:
+    """`label`'s pen path drawn `width` px wide into `box` (left, top, right, bottom) of a canvas."""
+    image = Image.new(mode, canvas, paper)
+    draw = ImageDraw.Draw(image)
+    left, top, right, bottom = box
+    for path in PATHS[label]:
+        points = [(left + x * (right - left), top + y * (bottom - top)) for x, y in path]
+        draw.line(points, fill=ink, width=width, joint="curve")
+    return image
+
+
+def canonical(image: Image.Image) -> Image.Image:
+    return centre_digit(to_model_mode(image, 1), (28, 28))
+
+
+def likeness(first: Image.Image, second: Image.Image) -> float:
+    """Correlation of two 28x28 digits seen slightly out of focus, so a pixel's shift of a
+    3 px stroke counts little: the same path drawn differently scores above 0.9, another
+    digit's path below 0.65."""
+    blur = ImageFilter.GaussianBlur(1.5)
+    return correlation(first.filter(blur), second.filter(blur))
+
+
+def photographed(image: Image.Image, seed: int = 0) -> Image.Image:
+    """An RGB drawing on tinted paper as a phone sees it: light falling off across the page
+    and sensor noise."""
+    pixels = np.asarray(image, dtype=np.float64)
+    rows, cols = np.mgrid[0:image.height, 0:image.width]
+    light = 1.0 - 0.25 * cols / image.width - 0.15 * rows / image.height
+    noise = np.random.default_rng(seed).normal(0, 3, pixels.shape)
+    return Image.fromarray(np.clip(pixels * light[..., None] + noise, 0, 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("label", PATHS)
+def test_a_hairline_on_a_large_canvas_is_a_digit_drawn_with_mnist_strokes(label):
+    """1 px drawn in a paint program on a 1150x650 canvas (the digit a tenth of it): found,
+    thickened to the width a marker drawing of the same path gets."""
+    hairline = canonical(drawn(label, (1150, 650), (500, 250, 600, 370), width=1, ink=(0, 0, 0, 255),
+                                paper=(255, 255, 255, 255), mode="RGBA"))
+    assert likeness(hairline, canonical(drawn(label, width=24))) > 0.85
+
+
+@pytest.mark.parametrize("label", PATHS)
+def test_a_thin_ballpoint_on_tinted_paper_is_a_digit(label):
+    pen = drawn(label, (1000, 750), (400, 250, 560, 450), width=2, ink=(40, 45, 160), paper=(205, 195, 170),
+                mode="RGB")
+    assert likeness(canonical(photographed(pen)), canonical(drawn(label, width=24))) > 0.85
+
+
+@pytest.mark.parametrize("label", PATHS)
+def test_thin_white_strokes_on_black_are_a_digit(label):
+    thin = canonical(drawn(label, (150, 150), (30, 20, 120, 130), width=1))
+    assert likeness(thin, canonical(drawn(label, width=24))) > 0.85
+
+
+@pytest.mark.parametrize("width", [1, 3, 12, 40])
+def test_every_pen_width_ends_at_mnist_s_stroke_width(width):
+    shape = np.asarray(canonical(drawn("4", (600, 600), (100, 100, 500, 500), width=width))) > 127
+    assert stroke_width(shape) == pytest.approx(STROKE_SHARE * 20, rel=0.35)  # the digit is 20 px tall
+
+
+def test_marks_showing_through_the_page_and_squared_paper_are_not_ink():
+    clean = drawn("7", (400, 400), (100, 80, 300, 320), width=8, ink=40, paper=220)
+    page = np.asarray(clean, dtype=np.float64)
+    back = np.asarray(ImageOps.mirror(drawn("2", (400, 400), (60, 60, 340, 340), width=8)), dtype=np.float64)
+    page -= 0.2 * (220 - 40) / 255 * back  # the other side's digit, a fifth as dark as the ink
+    page[::25, :] -= 27  # the lines of squared paper, 15 % as dark (where they cross the other
+    page[:, ::25] -= 27  # side's digit the two add up to 35 %: still under INK_LEVEL)
+    marked = Image.fromarray(np.clip(page, 0, 255).astype(np.uint8))
+    assert likeness(canonical(marked), canonical(clean)) > 0.9
+
+
+def test_specks_beside_the_digit_are_dropped():
+    clean = drawn("7", (300, 300), (60, 40, 240, 260), width=10)
+    speckled = clean.copy()
+    ImageDraw.Draw(speckled).ellipse((200, 240, 206, 246), fill=255)  # a dot near the stroke's foot
+    assert np.array_equal(np.asarray(canonical(speckled)), np.asarray(canonical(clean)))
+
+
+@pytest.mark.parametrize("image", [photographed(Image.new("RGB", (800, 600), (205, 195, 170))),
+                                   Image.new("RGBA", (1150, 650), (0, 0, 0, 0))])
+def test_a_blank_page_or_canvas_is_still_refused(image):
+    with pytest.raises(EmptyImageError, match="expected an image of a digit, found"):
+        canonical(image)
 
 
 def test_the_config_names_the_canonicalisation():
