@@ -41,8 +41,8 @@ MAX_HEADER_BYTES = 16 * 2**20
 # the app draws) may take ATTENTION_PER_WEIGHT_BYTE times the weights' size, or
 # MIN_ATTENTION_BYTES where that is more. Real models stay far below: ViT-B/16 at 384 px 0.6x,
 # DINOv2-L/14 at 518 px 2.4x, the bundled MNIST model 0.2x; a 19 KB model asking for 64x64
-# patches (sin-cos positions store nothing that grows with the image) does not.
-MIN_ATTENTION_BYTES = 512 * 2**20
+# patches (256 MiB: sin-cos positions store nothing that grows with the image) does not.
+MIN_ATTENTION_BYTES = 128 * 2**20
 ATTENTION_PER_WEIGHT_BYTE = 64
 
 
