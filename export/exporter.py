@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .graph_check import MAX_GRAPH_BYTES
 from .runtime import ATTENTIONS, INPUT, LOGITS
 
 EXPORTERS = ("torchscript", "dynamo")
@@ -27,8 +28,6 @@ DEFAULT_EXPORTER = "torchscript"
 DEFAULT_OPSET = 18
 # Opsets each exporter can write in torch 2.14 (LayerNormalization needs 17, onnxscript 18).
 OPSETS = {"torchscript": range(17, 21), "dynamo": range(18, 24)}
-# A protobuf file cannot exceed 2 GB; beyond that weights must live in external data.
-MAX_SELF_CONTAINED_BYTES = 2**31 - 1
 
 
 class GraphOutputs(nn.Module):
@@ -57,7 +56,7 @@ def check_export_options(exporter: str, opset: int) -> None:
 
 def _check_size(model: nn.Module) -> None:
     size = sum(p.numel() * p.element_size() for p in model.parameters())
-    if size > MAX_SELF_CONTAINED_BYTES:
+    if size > MAX_GRAPH_BYTES:  # beyond that, weights would need external data
         raise ValueError(
             f"the model's weights take {size / 2**30:.1f} GB; one self-contained .onnx file holds at most 2 GB"
         )

@@ -6,11 +6,23 @@ writes (see `layout.py`) the logits graph, optionally the attentions graph and a
 graph, the `config.json` a consumer needs (preprocessing and labels) and an export report.
 Every graph is verified (`verify.py`); a failed check raises VerificationError after the
 report is written, so the numbers can be read.
+
+Kill-safe: everything is written into a staging folder beside the target first and moved in
+with os.replace once complete, graphs first and the report last, so a kill leaves each file
+whole (the old one or the new one), never cut short. Every graph carries the sha256 of the
+weights it came from (`graph_check.WEIGHTS_SHA256`), so ONNX Runtime refuses a new logits
+graph beside an old attentions graph, or graphs beside weights retrained since: re-running
+the same export command after a retrain is all it takes to bring them back in step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +30,19 @@ import numpy as np
 import onnx
 import onnxruntime
 import torch
+import safetensors.torch
 from torch import nn
 
 from vit_hub.config import ViTConfig
+from vit_hub.hub import resolve_model_dir
 from vit_hub.pretrained import load_model
 from vit_hub.layout import ExportLayout
+from vit_hub.storage import write_text_atomically
 
 from .evalset import EvalSet, check_labels, first_images, load_eval_set
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
+from .graph_check import WEIGHTS_SHA256, weights_sha256
 from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
 from .runtime import PRECISIONS
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
@@ -34,15 +50,64 @@ from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, v
 # Real images for parity when no --calib-data is given: the bundled MNIST test split,
 # converted to the model's channels and size by its own preprocessing.
 DEFAULT_REAL_DATA = "mnist"
+STAGING_PREFIX = ".export-"  # the staging folder inside the output folder, while an export runs
 
 
-def _resolve_model(model: nn.Module | str | Path) -> tuple[str, nn.Module]:
-    """(how the report names the model, the model in eval mode)."""
+def _resolve_model(model: nn.Module | str | Path) -> tuple[str, nn.Module, str]:
+    """(how the report names the model, the model in eval mode, the sha256 of its weights: of
+    its model.safetensors, or of its weights serialised as safetensors for a model in memory)."""
     if isinstance(model, nn.Module):
         if not isinstance(getattr(model, "config", None), ViTConfig):
             raise TypeError(f"expected a vit_hub VisionTransformer, got {type(model).__name__}")
-        return f"<in-memory {type(model).__name__}>", model.eval()
-    return str(model), load_model(model)
+        weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+        return f"<in-memory {type(model).__name__}>", model.eval(), hashlib.sha256(safetensors.torch.save(weights)).hexdigest()
+    model_dir = resolve_model_dir(model)
+    return str(model), load_model(model_dir), weights_sha256(ExportLayout.for_model(model_dir).weights)
+
+
+def tie_to_weights(graph: Path, sha256: str) -> None:
+    """Write the sha256 of the weights a graph came from into its metadata_props."""
+    proto = onnx.load(str(graph))
+    onnx.helper.set_model_props(proto, {**{entry.key: entry.value for entry in proto.metadata_props},
+                                        WEIGHTS_SHA256: sha256})
+    onnx.save(proto, str(graph))
+
+
+@contextlib.contextmanager
+def _staging(layout: ExportLayout) -> Iterator[ExportLayout]:
+    """The same layout in a fresh folder inside the output folder (same file system, so
+    os.replace moves files in whole), removed afterwards whatever happens."""
+    folder = layout.folder / f"{STAGING_PREFIX}{os.getpid()}"  # one per running export
+    for leftover in layout.folder.glob(f"{STAGING_PREFIX}*"):  # from exports killed before they cleaned up
+        if leftover == folder or not _running(leftover.name.removeprefix(STAGING_PREFIX)):
+            shutil.rmtree(leftover, ignore_errors=True)
+    folder.mkdir()
+    try:
+        yield ExportLayout(folder, layout.stem)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: str) -> bool:
+    """Whether a process with this id runs on this machine (the staging folder's owner)."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _install(staged: ExportLayout, layout: ExportLayout, config: ViTConfig) -> None:
+    """Move the staged files in, graphs first and the report last; config.json only where the
+    one there differs (a model dir keeps its own)."""
+    for graph in sorted(staged.folder.glob("*.onnx")):
+        os.replace(graph, layout.folder / graph.name)
+    write_config(config, layout.config)
+    os.replace(staged.report, layout.report)
 
 
 def write_config(config: ViTConfig, path: Path) -> None:
@@ -53,7 +118,7 @@ def write_config(config: ViTConfig, path: Path) -> None:
                 return
         except ValueError:
             pass  # not a vit_hub config: replace it
-    path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    write_text_atomically(path, json.dumps(config.to_dict(), indent=2) + "\n")
 
 
 def _parity_inputs(config: ViTConfig, eval_set: EvalSet) -> dict[str, np.ndarray]:
@@ -96,7 +161,7 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
         raise ValueError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
     if eval_limit is not None and eval_limit < 1:
         raise ValueError(f"--eval-limit: expected a positive number of images, got {eval_limit}")
-    reference, model = _resolve_model(model)
+    reference, model, weights = _resolve_model(model)
     layout = ExportLayout.for_output(out)
     layout.folder.mkdir(parents=True, exist_ok=True)
     eval_set = load_eval_set(calib_data or DEFAULT_REAL_DATA, model.config, data_root)
@@ -105,25 +170,28 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
     inputs = _parity_inputs(model.config, eval_set)
 
     report = _report_header(reference, exporter, opset, eval_set)
-    graphs = [(layout.logits, False)] + ([(layout.attentions, True)] if output_attentions else [])
-    halves = [layout.in_precision(path, "fp16") for path, _ in graphs] if precision == "fp16" else []
-    every_half = [layout.in_precision(path, "fp16") for path in (layout.logits, layout.attentions)]
-    _remove_stale(*([] if output_attentions else [layout.attentions]), *([] if quantize else [layout.int8]),
-                  *(half for half in every_half if half not in halves))
-    for path, with_attentions in graphs:
-        write_graph(model, path, output_attentions=with_attentions, opset=opset, exporter=exporter)
-        report["graphs"][path.name] = verify_graph(model, path, opset, inputs, with_attentions)
+    with _staging(layout) as staged:
+        graphs = [(staged.logits, False)] + ([(staged.attentions, True)] if output_attentions else [])
+        write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
+        for path, with_attentions in graphs:
+            write_graph(model, path, output_attentions=with_attentions, opset=opset, exporter=exporter)
+            tie_to_weights(path, weights)
+            report["graphs"][path.name] = verify_graph(model, path, opset, inputs, with_attentions)
+            if precision == "fp16":
+                half = convert_to_fp16(path, staged.in_precision(path, "fp16"))
+                tie_to_weights(half, weights)
+                report["graphs"][half.name] = verify_graph(model, half, opset, inputs, with_attentions, FP16_TOLERANCES)
+        if quantize:
+            quantize_int8(staged.logits, staged.int8)
+            tie_to_weights(staged.int8, weights)
+            report["graphs"][staged.int8.name] = check_file(staged.int8, opset, ["logits"])
+            report["quantization"] = measure_int8(staged.logits, staged.int8, eval_set, eval_limit)
         if precision == "fp16":
-            half = convert_to_fp16(path, layout.in_precision(path, "fp16"))
-            report["graphs"][half.name] = verify_graph(model, half, opset, inputs, with_attentions, FP16_TOLERANCES)
-    write_config(model.config, layout.config)
-    if quantize:
-        quantize_int8(layout.logits, layout.int8)
-        report["graphs"][layout.int8.name] = check_file(layout.int8, opset, ["logits"])
-        report["quantization"] = measure_int8(layout.logits, layout.int8, eval_set, eval_limit)
-    if precision == "fp16":
-        report["fp16"] = measure_fp16(layout.logits, layout.in_precision(layout.logits, "fp16"), eval_set, eval_limit)
-    layout.report.write_text(json.dumps(report, indent=2) + "\n")
+            report["fp16"] = measure_fp16(staged.logits, staged.in_precision(staged.logits, "fp16"), eval_set, eval_limit)
+        staged.report.write_text(json.dumps(report, indent=2) + "\n")
+        _remove_stale(*(path for path in (*layout.onnx_files, layout.int8)
+                        if path.suffix == ".onnx" and not (staged.folder / path.name).is_file()))
+        _install(staged, layout, model.config)
 
     failures = [failure for graph in report["graphs"].values() for failure in graph.get("failures", [])]
     if failures:

@@ -18,13 +18,18 @@ puts logits about 1e-3 away from torch's float32 (measured on an H100, ViT-S/16)
 `exact=True` passes the CUDA provider option `use_tf32=0`: full float32, the same numbers
 as torch within 1e-5, somewhat slower. On the CPU it changes nothing.
 
-A file onnxruntime cannot load (not ONNX, cut short) raises OnnxModelError naming it.
+Graphs are untrusted input: each is checked (`graph_check.check_graph`) before a session is
+created, and must carry the sha256 of the weights it was exported from; a graph exported
+from other weights than the model.safetensors beside it, or a logits and attentions graph
+from different weights, is refused. A file that is not such a graph, or that onnxruntime
+cannot load or run, raises OnnxModelError naming it, in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import re
 import sys
@@ -44,30 +49,28 @@ from vit_hub.postprocess import softmax
 from vit_hub.postprocess import top_k as rank_top_k
 from vit_hub.preprocess import ImageInput, preprocess_batch
 
+from .graph_check import ATTENTIONS, INPUT, LOGITS, OnnxModelError, check_graph, tied_weights, weights_sha256
+
 logger = logging.getLogger(__name__)
 
-INPUT = "pixel_values"
-LOGITS = "logits"
-ATTENTIONS = "attentions"
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 # HEURISTIC picks convolution algorithms without benchmarking them at start-up.
 CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC"}
 ORT_DEFAULT_LOG_SEVERITY = 2  # warning; onnxruntime offers no getter to save and restore it
-PRECISIONS = ("fp32", "fp16")  # of the exported graphs (fp16: `python -m export --precision fp16`)
+PRECISIONS = ("fp32", "fp16")
+# A failed run raises OnnxModelError with onnxruntime's message: its own log line would repeat it.
+QUIET_RUN = ort.RunOptions()
+QUIET_RUN.log_severity_level = 4  # of the exported graphs (fp16: `python -m export --precision fp16`)
 
 
 class ProviderFallbackError(RuntimeError):
     """The requested execution provider could not be used and `strict=True` was given."""
 
 
-class OnnxModelError(ValueError):
-    """A model file onnxruntime cannot load; the message names the file and what is wrong."""
-
-
-# What onnxruntime raises for a file it cannot load (none of them is an OSError or ValueError).
-LOAD_ERRORS = (ort_state.InvalidProtobuf, ort_state.InvalidGraph, ort_state.NoSuchFile, ort_state.Fail,
-               ort_state.NotImplemented, ort_state.InvalidArgument)
+# What onnxruntime raises for a file it cannot load or run (none of them is an OSError or ValueError).
+ORT_ERRORS = (ort_state.InvalidProtobuf, ort_state.InvalidGraph, ort_state.NoSuchFile, ort_state.Fail,
+              ort_state.NotImplemented, ort_state.InvalidArgument, ort_state.RuntimeException)
 
 
 def _provider_name(provider: str | tuple[str, dict]) -> str:
@@ -153,8 +156,11 @@ def choose_precision(precision: str, providers: list[Any], cuda_starts: bool, fp
     return "fp16" if on_cuda and fp16_exported else "fp32"
 
 
-def create_session(path: Path, providers: list[Any], threads: int | None = None) -> ort.InferenceSession:
-    """An inference session on the first provider that starts (onnxruntime's own fallback)."""
+def create_session(path: Path, providers: list[Any], threads: int | None = None,
+                   config: ViTConfig | None = None) -> ort.InferenceSession:
+    """An inference session on the first provider that starts (onnxruntime's own fallback), for
+    a graph that passed `check_graph` against `config` (default: the config.json beside it)."""
+    check_graph(path, config or ViTConfig.from_json(ExportLayout.for_model(path).config))
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
@@ -172,11 +178,16 @@ def _session(path: Path, options: ort.SessionOptions, providers: list[Any]) -> o
     """ort.InferenceSession, with a file it cannot load reported as OnnxModelError."""
     try:
         return ort.InferenceSession(str(path), options, providers=providers)
-    except LOAD_ERRORS as error:
-        detail = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(error).strip().splitlines()[0])
-        detail = detail.split(" failed:", 1)[-1].strip()  # "Load model from <path> failed: <why>"
+    except ORT_ERRORS as error:
         raise OnnxModelError(f"{path}: expected an ONNX model onnxruntime can load, found one it cannot "
-                             f"({type(error).__name__}: {detail})") from None
+                             f"({_ort_detail(error)})") from None
+
+
+def _ort_detail(error: Exception) -> str:
+    """onnxruntime's message in one line, without its prefix and the path it repeats."""
+    detail = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(error).strip().splitlines()[0])
+    detail = detail.split(" failed:", 1)[-1].strip()  # "Load model from <path> failed: <why>"
+    return f"{type(error).__name__}: {detail[:300]}"
 
 
 class OnnxClassifier:
@@ -212,14 +223,14 @@ class OnnxClassifier:
         self._threads = threads
         fp16_exported = self.layout.in_precision(self.model_path, "fp16").is_file()
         self.precision = choose_precision(precision, wanted, _cuda_can_start(), fp16_exported)
-        self.session = create_session(self._graph(self.model_path), wanted, threads)
+        self.session = create_session(self._graph(self.model_path), wanted, threads, self.config)
         if precision == "auto" and self.precision == "fp16" and self.session.get_providers()[0] != CUDA:
             self.precision = "fp32"  # CUDA did not start after all
-            self.session = create_session(self.model_path, wanted, threads)
+            self.session = create_session(self.model_path, wanted, threads, self.config)
         self._providers = self._check_fallback(wanted, explicit, strict)
         self._device = "cuda" if self.providers[0] == CUDA else "cpu"
         self._io_binding = self._device == "cuda" if io_binding is None else io_binding
-        self._check_graph(self.session, self.model_path)
+        self.weights_sha256 = self._check_weights(self.session, self._graph(self.model_path))
         self._attentions: ort.InferenceSession | None = None
         self._attentions_lock = threading.Lock()
 
@@ -282,18 +293,28 @@ class OnnxClassifier:
         return self.providers
 
     # Graphs ------------------------------------------------------------------------
-    def _check_graph(self, session: ort.InferenceSession, path: Path) -> None:
-        """The graph takes pixel_values of the config's channels and size and returns logits."""
-        inputs, outputs = session.get_inputs(), [output.name for output in session.get_outputs()]
-        if len(inputs) != 1 or inputs[0].name != INPUT or LOGITS not in outputs:
-            raise ValueError(
-                f"{path} is not a vit_hub export: expected input {INPUT!r} and output {LOGITS!r}, "
-                f"got inputs {[i.name for i in inputs]} and outputs {outputs}"
-            )
-        graph_shape = list(inputs[0].shape[1:])  # [C, H, W]; the batch axis is symbolic
-        config_shape = [self.config.in_channels, *self.config.image_size]
-        if graph_shape != config_shape:
-            raise ValueError(f"{path} takes images of shape {graph_shape} but its config says {config_shape}")
+    def _check_weights(self, session: ort.InferenceSession, path: Path, paired_with: str | None = None) -> str:
+        """The sha256 of the weights the graph was exported from (its metadata); refused when it
+        has none, when it is not `paired_with` (the logits graph's), or when the model.safetensors
+        beside it has another."""
+        found = tied_weights(session.get_modelmeta().custom_metadata_map)
+        fix = f"export again: python -m export --model MODEL_DIR --out {self.layout.folder}"
+        if found is None:
+            raise OnnxModelError(f"{path}: expected the sha256 of the weights it was exported from in its metadata, "
+                                 f"found none; {fix}")
+        weights = self.layout.weights
+        if paired_with not in (None, found):
+            raise OnnxModelError(f"{path} and {self.model_path.name} were exported from different weights: expected "
+                                 f"the pair one export writes, found sha256 {found[:12]}... and {paired_with[:12]}...; "
+                                 f"{fix} --output-attentions")
+        if weights.is_file() and found != self._sha256_beside:
+            raise OnnxModelError(f"{path} was exported from other weights than the {weights.name} beside it: expected "
+                                 f"sha256 {self._sha256_beside[:12]}..., found {found[:12]}...; {fix}")
+        return found
+
+    @functools.cached_property
+    def _sha256_beside(self) -> str:
+        return weights_sha256(self.layout.weights)
 
     @property
     def can_output_attentions(self) -> bool:
@@ -317,8 +338,9 @@ class OnnxClassifier:
                         f"export it with: python -m export --model MODEL_DIR --out {self.model_path} --output-attentions"
                     )
                 half = self.layout.in_precision(path, self.precision)  # an fp16 copy when there is one
-                session = create_session(half if half.is_file() else path, self._providers, self._threads)
-                self._check_graph(session, path)
+                graph = half if half.is_file() else path
+                session = create_session(graph, self._providers, self._threads, self.config)
+                self._check_weights(session, graph, paired_with=self.weights_sha256)
                 self._attentions = session
         return self._attentions
 
@@ -354,13 +376,22 @@ class OnnxClassifier:
         return logits, weights
 
     def _run(self, session: ort.InferenceSession, outputs: list[str], pixels: np.ndarray) -> list[np.ndarray]:
+        """One run; onnxruntime's own failures (out of memory, a kernel error) as OnnxModelError."""
+        try:
+            return self._run_once(session, outputs, pixels)
+        except ORT_ERRORS as error:
+            graph = self.layout.attentions if ATTENTIONS in outputs and session is not self.session else self.model_path
+            raise OnnxModelError(f"{graph}: expected onnxruntime to run it on pixel_values {list(pixels.shape)}, "
+                                 f"got an error ({_ort_detail(error)})") from None
+
+    def _run_once(self, session: ort.InferenceSession, outputs: list[str], pixels: np.ndarray) -> list[np.ndarray]:
         if not self._io_binding:
-            return session.run(outputs, {INPUT: pixels})
+            return session.run(outputs, {INPUT: pixels}, QUIET_RUN)
         binding = session.io_binding()
         binding.bind_cpu_input(INPUT, pixels)  # copied to the device once
         for name in outputs:
             binding.bind_output(name, self._device)  # allocated on the device by onnxruntime
-        session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding, QUIET_RUN)
         return binding.copy_outputs_to_cpu()
 
     def preprocess(self, images: Sequence[ImageInput]) -> np.ndarray:

@@ -1,6 +1,7 @@
 """What every exported graph must pass before anyone runs it:
 
-  * `onnx.checker` (full check, with shape inference);
+  * `onnx.checker` (full check, with shape inference), and what ONNX Runtime asks of every
+    graph it loads (`graph_check.check_graph`: known operators, bounded memory);
   * the opset actually written is the one asked for;
   * one self-contained file (no external weights) with input `pixel_values` whose batch axis
     is symbolic, and outputs `logits` (and `attentions`), all float32 (fp16 graphs included);
@@ -69,7 +70,7 @@ def _torch_outputs(model: nn.Module, pixels: np.ndarray, output_attentions: bool
 
 def parity(model: nn.Module, path: Path, inputs: dict[str, np.ndarray], outputs: list[str]) -> list[dict[str, Any]]:
     """Max |onnx - torch| per output, for each kind of input at each parity batch size."""
-    session = create_session(path, requested_providers("auto", exact=True)[0])
+    session = create_session(path, requested_providers("auto", exact=True)[0], config=model.config)
     rows = []
     for kind, pixels in inputs.items():
         for batch in PARITY_BATCHES:

@@ -10,6 +10,9 @@
     model_attentions_fp16.onnx   the CUDA provider (with --precision fp16)
     model_export_report.json   verification, parity, quantization accuracy and speed
     config.json                preprocessing and labels (shared by every graph in the folder)
+
+Every graph carries the sha256 of the model.safetensors it was exported from; ONNX Runtime
+refuses graphs whose weights differ from the model.safetensors in the same folder.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ DEFAULT_STEM = "model"
 ATTENTIONS_SUFFIX = "_attentions"
 INT8_SUFFIX = "_int8"
 FP16_SUFFIX = "_fp16"
+WEIGHTS = "model.safetensors"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +75,11 @@ class ExportLayout:
     @property
     def config(self) -> Path:
         return self.folder / "config.json"
+
+    @property
+    def weights(self) -> Path:
+        """The weights the graphs were exported from, when the folder is the model dir itself."""
+        return self.folder / WEIGHTS
 
     @property
     def onnx_files(self) -> tuple[Path, ...]:

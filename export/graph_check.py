@@ -1,0 +1,278 @@
+"""What an ONNX graph must be before ONNX Runtime may load it. Torch-free.
+
+A graph in a model dir is untrusted input, like an upload: 3 KB of ONNX can ask ONNX Runtime
+for any amount of memory (a ConstantOfShape, an Expand or a broadcast of 13 GB), when the
+session is created (constant folding) or at the first run. The project knows which graphs
+it writes (`python -m export`), so `check_graph` accepts those and refuses anything else
+with one OnnxModelError naming what it found, before any session exists:
+
+  * size: at most MAX_GRAPH_BYTES, initializers no larger than the file that holds them;
+  * form: one self-contained graph (no external data, sparse initializers, functions or
+    other operator domains) made of KNOWN_OPS, the operators the exporters, the float16
+    converter and int8 quantization emit;
+  * inputs and outputs: `pixel_values` [batch, C, H, W] of the config's channels and size,
+    `logits` [batch, classes] and optionally `attentions` [depth, batch, heads, T, T];
+  * memory: every value's shape, worked out node by node at batch 1 and 2 (onnx's shape
+    inference, fed the values of the small integer tensors that carry shapes, which onnx's
+    reference evaluator computes), within VALUE_SLACK times the largest activation the
+    config implies, and all values together within TOTAL_SLACK of it per block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from vit_hub.config import ViTConfig
+
+INPUT = "pixel_values"
+LOGITS = "logits"
+ATTENTIONS = "attentions"
+# A protobuf file cannot exceed 2 GB; the exporter writes nothing larger either.
+MAX_GRAPH_BYTES = 2**31 - 1
+# Every operator in the graphs `python -m export` writes: the torchscript and dynamo exporters
+# (opsets 17-23, every patch embedding, pooling and attention variant), their float16 copies
+# and int8 quantization. A new exporter version that emits another one fails its export's
+# verification here first.
+KNOWN_OPS = frozenset({
+    "Add", "Attention", "Cast", "Concat", "Constant", "ConstantOfShape", "Conv", "Div", "DynamicQuantizeLinear",
+    "Equal", "Erf", "Exp", "Expand", "EyeLike", "Gather", "Gelu", "Gemm", "Identity", "IsNaN",
+    "LayerNormalization", "MatMul", "MatMulInteger", "Mul", "Not", "Pad", "ReduceMean", "Relu", "Reshape",
+    "Shape", "Slice", "Softmax", "Split", "Squeeze", "Tanh", "Transpose", "Unsqueeze", "Where",
+})
+ONNX_DOMAINS = ("", "ai.onnx")
+CHECKED_BATCHES = (1, 2)  # a value that grows faster than the batch shows at 2
+SHAPE_TENSOR_LIMIT = 4096  # integer tensors up to this many values are computed (shapes, axes, pads)
+INTEGER_TYPES = (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL)
+# Exported graphs measured against largest_activation (tests/test_untrusted_graphs.py): no value
+# above 1x, all values together at most 8x per block (depth + 2).
+VALUE_SLACK = 2
+TOTAL_SLACK = 32
+SHIFTED_COPIES = 5  # shifted patch tokenization stacks the image and four shifted copies
+# The graph's tie to its weights, in its metadata_props: the sha256 of the model.safetensors it
+# was exported from (of the weights serialised as safetensors, for a model exported from memory).
+WEIGHTS_SHA256 = "vit_hub.weights_sha256"
+
+
+class OnnxModelError(ValueError):
+    """A graph that cannot or may not be loaded; the message names the file and what is wrong."""
+
+
+def check_graph(path: Path, config: ViTConfig) -> None:
+    """Raise OnnxModelError unless `path` is a graph `python -m export` could have written for
+    `config` (see the module docstring). Reads the file once; creates no session."""
+    model = _load(path)
+    _check_form(model, path)
+    _check_inputs_and_outputs(model, path, config)
+    for batch in CHECKED_BATCHES:
+        _check_allocations(model, path, config, batch)
+
+
+def weights_sha256(path: Path) -> str:
+    """The hex sha256 of a weights file, read in blocks."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def tied_weights(metadata: Mapping[str, str]) -> str | None:
+    """The sha256 of the weights a graph was exported from, from its metadata; None when absent."""
+    return metadata.get(WEIGHTS_SHA256) or None
+
+
+def largest_activation(config: ViTConfig) -> int:
+    """Values in the largest tensor the model makes for one image: the stacked attentions, the
+    qkv projection or MLP hidden layer, the input (or its shifted copies, or the conv stem's
+    first layer), the logits."""
+    height, width = config.image_size
+    tokens, dim = config.num_tokens, config.embed_dim
+    candidates = [config.depth * config.num_heads * tokens**2, tokens * max(3 * dim, int(dim * config.mlp_ratio)),
+                  config.in_channels * height * width, config.num_classes, config.pre_logits]
+    if config.patch_embedding == "shifted":
+        candidates.append(SHIFTED_COPIES * config.in_channels * height * width)
+    if config.patch_embedding == "convstem":
+        candidates.append(max(8, dim) * height * width // 4)  # the first stride-2 convolution's output
+    return max(candidates)
+
+
+def _refuse(path: Path, message: str) -> OnnxModelError:
+    return OnnxModelError(f"{path}: {message}")
+
+
+def _load(path: Path) -> onnx.ModelProto:
+    """The file's ModelProto, read after its size was checked; never its external data."""
+    size = path.stat().st_size
+    if size > MAX_GRAPH_BYTES:
+        raise _refuse(path, f"expected an ONNX graph of at most {MAX_GRAPH_BYTES / 2**30:.0f} GB, "
+                            f"found {size / 2**30:.1f} GB")
+    try:
+        model = onnx.load_model_from_string(path.read_bytes())
+    except DecodeError as error:
+        raise _refuse(path, f"expected an ONNX model onnxruntime can load, found one it cannot "
+                            f"(not an ONNX ModelProto: {error})") from None
+    if not model.graph.node:
+        raise _refuse(path, "expected an ONNX model onnxruntime can load, found one it cannot (no graph in it)")
+    return model
+
+
+def _check_form(model: onnx.ModelProto, path: Path) -> None:
+    graph = model.graph
+    if model.functions or graph.sparse_initializer:
+        raise _refuse(path, "expected a graph as python -m export writes it, found local functions or sparse "
+                            "initializers")
+    declared = 0
+    for tensor in graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            raise _refuse(path, f"expected one self-contained file, found initializer {tensor.name!r} in "
+                                f"external data")
+        declared += math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    if declared > path.stat().st_size:
+        raise _refuse(path, f"expected initializers the file holds, found {declared / 1e6:.1f} MB declared in a "
+                            f"file of {path.stat().st_size / 1e6:.1f} MB")
+    unknown = sorted({f"{node.domain}.{node.op_type}" if node.domain not in ONNX_DOMAINS else node.op_type
+                      for node in graph.node if node.domain not in ONNX_DOMAINS or node.op_type not in KNOWN_OPS})
+    if unknown:
+        raise _refuse(path, f"expected only the operators python -m export writes, found {', '.join(unknown)}")
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    return [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+
+
+def _check_inputs_and_outputs(model: onnx.ModelProto, path: Path, config: ViTConfig) -> None:
+    graph = model.graph
+    stored = {tensor.name for tensor in graph.initializer}
+    inputs = [value for value in graph.input if value.name not in stored]
+    outputs = [value.name for value in graph.output]
+    if [value.name for value in inputs] != [INPUT] or outputs not in ([LOGITS], [LOGITS, ATTENTIONS]):
+        raise _refuse(path, f"is not a vit_hub export: expected input {INPUT!r} and output {LOGITS!r} (and "
+                            f"{ATTENTIONS!r}), got inputs {[value.name for value in inputs]} and outputs {outputs}")
+    wrong_types = [value.name for value in [*inputs, *graph.output] if value.type.tensor_type.elem_type != TensorProto.FLOAT]
+    if wrong_types:
+        raise _refuse(path, f"expected float32 inputs and outputs, found other types for {wrong_types}")
+    batch, *image_shape = _dims(inputs[0]) or [None]
+    config_shape = [config.in_channels, *config.image_size]
+    if image_shape != config_shape:
+        raise _refuse(path, f"takes images of shape {image_shape} but its config says {config_shape}: expected "
+                            f"the graph exported for this config, found one for another")
+    if not isinstance(batch, str):
+        raise _refuse(path, f"expected a symbolic batch axis, found {INPUT} {_dims(inputs[0])}")
+
+
+def _expected_outputs(config: ViTConfig, batch: int) -> dict[str, list[int]]:
+    """The output shapes at `batch`: logits (the pooled features for a model without a head)
+    and the attentions of every block."""
+    width = config.num_classes or config.pre_logits or config.embed_dim
+    tokens = config.num_tokens
+    return {LOGITS: [batch, width], ATTENTIONS: [config.depth, batch, config.num_heads, tokens, tokens]}
+
+
+class _Shapes:
+    """Shapes and element types of every value, and the values of small integer tensors."""
+
+    def __init__(self) -> None:
+        self.types: dict[str, onnx.TypeProto] = {}
+        self.values: dict[str, np.ndarray] = {}
+
+    def add(self, name: str, elem_type: int, dims: list[int], value: np.ndarray | None = None) -> None:
+        self.types[name] = helper.make_tensor_type_proto(elem_type, dims)
+        if value is not None:
+            self.values[name] = value
+
+    def dims(self, name: str) -> list[int]:
+        return [dim.dim_value for dim in self.types[name].tensor_type.shape.dim]
+
+    def is_small_integer(self, name: str) -> bool:
+        return (self.types[name].tensor_type.elem_type in INTEGER_TYPES
+                and math.prod(self.dims(name)) <= SHAPE_TENSOR_LIMIT)
+
+
+def _check_allocations(model: onnx.ModelProto, path: Path, config: ViTConfig, batch: int) -> None:
+    """Work out every value's shape at `batch` and refuse the graph at the first value, or the
+    running total, beyond what the config allows."""
+    graph, opset = model.graph, _onnx_opset(model, path)
+    activation = largest_activation(config)
+    value_limit = VALUE_SLACK * activation * batch
+    total_limit = TOTAL_SLACK * (config.depth + 2) * activation * batch
+    known = _Shapes()
+    for tensor in graph.initializer:
+        small = tensor.data_type in INTEGER_TYPES and math.prod(tensor.dims) <= SHAPE_TENSOR_LIMIT
+        known.add(tensor.name, tensor.data_type, list(tensor.dims), numpy_helper.to_array(tensor) if small else None)
+    known.add(INPUT, TensorProto.FLOAT, [batch, config.in_channels, *config.image_size])
+    total = 0
+    for node in graph.node:
+        shown = f"{node.op_type} node {node.name or node.output[0]!r}"
+        for name, dims in _output_shapes(node, known, opset, path, shown):
+            count = math.prod(dims)
+            total += count
+            if count > value_limit or total > total_limit:
+                what = f"a {dims} tensor" if count > value_limit else f"the total {total:,}"
+                raise _refuse(path, f"expected at most {value_limit:,} values per tensor and {total_limit:,} in "
+                                    f"all at batch {batch} (this config's largest activation has {activation:,}), "
+                                    f"found {shown} making {what}")
+        _compute_small_integers(node, known)
+    expected = _expected_outputs(config, batch)
+    for value in graph.output:
+        if known.dims(value.name) != expected[value.name]:
+            raise _refuse(path, f"expected {value.name} of shape {expected[value.name]} at batch {batch}, "
+                                f"found {known.dims(value.name)}")
+
+
+def _onnx_opset(model: onnx.ModelProto, path: Path) -> int:
+    versions = [entry.version for entry in model.opset_import if entry.domain in ONNX_DOMAINS]
+    if not versions:
+        raise _refuse(path, "expected an ai.onnx opset import, found none")
+    return versions[0]
+
+
+def _output_shapes(node: onnx.NodeProto, known: _Shapes, opset: int, path: Path, shown: str):
+    """(name, dims) of each output of `node`, from onnx's shape inference with the input shapes
+    and small integer values known so far; a shape it cannot fix is refused."""
+    missing = [name for name in node.input if name and name not in known.types]
+    if missing:
+        raise _refuse(path, f"expected nodes in order, each reading values made before it, found {shown} "
+                            f"reading {missing[0]!r}, which nothing made before")
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+        inferred = onnx.shape_inference.infer_node_outputs(
+            schema, node, {name: known.types[name] for name in node.input if name},
+            {name: numpy_helper.from_array(known.values[name], name) for name in node.input if name in known.values})
+    except (onnx.defs.SchemaError, onnx.shape_inference.InferenceError) as error:
+        raise _refuse(path, f"expected a graph whose shapes follow from its input, found {shown} that does not "
+                            f"check ({str(error).strip().splitlines()[0][:200]})") from None
+    for name in filter(None, node.output):
+        tensor = inferred[name].tensor_type if name in inferred else None
+        dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor.shape.dim] \
+            if tensor is not None and tensor.HasField("shape") else None
+        if dims is None or any(dim is None or dim < 0 for dim in dims):
+            raise _refuse(path, f"expected a graph whose shapes follow from its input, found {shown} whose "
+                                f"output {name!r} has no fixed shape ({dims})")
+        known.add(name, tensor.elem_type, dims)
+        yield name, dims
+
+
+def _compute_small_integers(node: onnx.NodeProto, known: _Shapes) -> None:
+    """The values of the node's outputs when they are small integer tensors computed from known
+    values (shapes, axes, pads), by onnx's reference evaluator; Shape reads the known shape."""
+    outputs = [name for name in node.output if name]
+    if not all(known.is_small_integer(name) for name in outputs):
+        return
+    if node.op_type == "Shape":
+        attributes = {attribute.name: attribute.i for attribute in node.attribute}
+        dims = known.dims(node.input[0])
+        known.values[outputs[0]] = np.array(dims[attributes.get("start", 0):attributes.get("end", len(dims))],
+                                            dtype=np.int64)
+        return
+    inputs = [name for name in node.input if name]
+    if not all(name in known.values for name in inputs):
+        return
+    results = ReferenceEvaluator(node).run(None, {name: known.values[name] for name in inputs})
+    for name, result in zip(outputs, results):
+        known.values[name] = np.asarray(result)
