@@ -19,15 +19,20 @@ an older commit), to measure the same uploads against the code as it was.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+if TYPE_CHECKING:
+    from gradio_client import Client
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("photo", "typed")
@@ -133,20 +138,29 @@ def top_labels(result) -> list[tuple[str, float]]:
     return [(entry["label"], float(entry["confidence"])) for entry in scores["confidences"]]
 
 
-def predict_through_app(paths: list[Path], model: str, backend: str) -> list[list[tuple[str, float]]]:
-    """Serve `model` with app.py on 127.0.0.1 and send every file to /predict."""
-    from gradio_client import Client, handle_file
+@contextlib.contextmanager
+def live_app(model: str, backend: str) -> Iterator["Client"]:
+    """A gradio_client Client of app.py serving `model` on 127.0.0.1 (a free port), in this
+    process; the app is closed on exit. The client fetches no output pictures (labels only)."""
+    from gradio_client import Client
 
     from app import build_demo, load_predictor, serve
 
     demo = build_demo(load_predictor(model, backend))
     _, url, _ = serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
-        client = Client(url, verbose=False)
-        return [top_labels(client.predict(handle_file(str(path)), "mean", 0.0, 3, api_name="/predict"))
-                for path in paths]
+        yield Client(url, verbose=False, download_files=False)
     finally:
         demo.close()
+
+
+def predict_through_app(paths: list[Path], model: str, backend: str) -> list[list[tuple[str, float]]]:
+    """Serve `model` with app.py on 127.0.0.1 and send every file to /predict."""
+    from gradio_client import handle_file
+
+    with live_app(model, backend) as client:
+        return [top_labels(client.predict(handle_file(str(path)), "mean", 0.0, 3, api_name="/predict"))
+                for path in paths]
 
 
 def summarise(paths: list[Path], ranked: list[list[tuple[str, float]]]) -> dict:

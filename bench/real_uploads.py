@@ -1,0 +1,379 @@
+"""Real uploads (issue 24): other people's digit photos and drawings through the live app,
+beside a small CNN trained on MNIST with the same canonicalisation.
+
+    python bench/real_uploads.py --model models/vit-mnist --dev ../shared/realdigits-dev --json /tmp/real_uploads.json
+                                 [--cache DIR] [--epochs 2] [--seed 0] [--threads 2]
+
+`--dev` is a folder `<group>/<label>/<writer>__<name>.<ext>`: group `photo` (phone photos and
+scans of ink on paper) or `painted` (drawn in a paint program); the writer is the public
+repository the image came from, spelled `owner+name` (its MANIFEST.csv names each file's
+source). The images are read where they lie, never copied.
+
+Every image is scored four ways:
+  torch   /predict of app.py serving the model on its torch backend, the file uploaded through
+          gradio_client as a browser uploads it (bench/digit_uploads.py's live_app);
+  onnx    the same on the ONNX backend (the model dir's ONNX graphs);
+  sketch  /predict_drawing of the torch app, the image sent as the sketchpad's value (its
+          background and composite), as if it had been drawn there;
+  cnn     small_cnn, the reference a practitioner would try: two conv layers with pooling and
+          a linear head, trained here (seeded, on the CPU) on the bundled MNIST training split
+          canonicalised as the ViT's config says (`to_model_domain`, `model_pixels`), and fed
+          each dev image through `vit_hub.preprocess.preprocess`, the pipeline /predict uses.
+A refusal (the app's gr.Error, such as "blank image", or a ValueError of preprocess) counts
+as wrong and is also counted as refused. Printed: a Markdown table per writer with totals
+per group, the CNN's MNIST test accuracy, and the images the ViT (torch /predict) gets wrong
+that the CNN gets right and the reverse, with both predictions. `--json` writes per-image
+records. The CNN's weights are cached in `--cache` under a name hashing all they depend on
+(the recipe, the config's preprocessing fields, the source of vit_hub's canonical.py and
+preprocess.py), so a re-run with the same canonicalisation only scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import multiprocessing
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # app.py and bench/ live at the top level
+
+from bench.digit_uploads import live_app, top_labels  # noqa: E402
+from vit_hub import canonical, preprocess as preprocessing  # noqa: E402
+from vit_hub.config import ViTConfig  # noqa: E402
+from vit_hub.console import OneLineErrorParser, run_reporting_errors  # noqa: E402
+from vit_hub.postprocess import softmax  # noqa: E402
+from vit_hub.preprocess import model_pixels, preprocess, to_model_domain  # noqa: E402
+from vit_hub.storage import replacing  # noqa: E402
+
+GROUPS = ("photo", "painted")
+ROUTES = {"torch": "ViT /predict torch", "onnx": "ViT /predict ONNX", "sketch": "ViT sketchpad", "cnn": "CNN"}
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+WRITER_MARK = "__"  # <owner>+<name>__<file>
+LAYOUT = "<group>/<label>/<owner>+<name>__<file>"
+DEFAULT_CACHE = Path(tempfile.gettempdir()) / "vit_hub_real_uploads"
+# What the CNN's inputs depend on in the ViT's config (the cache file's name hashes them).
+PREPROCESSING_FIELDS = ("image_size", "in_channels", "canonicalize", "interpolation", "mean", "std",
+                        "pixel_norm", "labels")
+CANONICAL_WORKERS = 2
+CANONICAL_CHUNK = 2000  # MNIST digits per task sent to a worker
+BATCH = 128
+LEARNING_RATE = 2e-3
+WEIGHT_DECAY = 1e-4
+EVAL_BATCH = 1000
+
+
+# The dev folder ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DevImage:
+    path: Path
+    group: str  # photo or painted
+    label: str
+    writer: str  # owner/name of the repository the image came from
+
+    @property
+    def name(self) -> str:
+        """As tables name it: group/label/file."""
+        return f"{self.group}/{self.label}/{self.path.name}"
+
+
+def dev_images(dev: Path) -> list[DevImage]:
+    """Every image under `dev`, in LAYOUT (other files, such as MANIFEST.csv, are skipped)."""
+    if not dev.is_dir():
+        found = "a file" if dev.exists() else "nothing"
+        raise NotADirectoryError(f"--dev: expected a folder of images in {LAYOUT}, found {found} at {dev}")
+    images = []
+    for path in sorted(dev.rglob("*")):
+        if not (path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES):
+            continue
+        parts = path.relative_to(dev).parts
+        if len(parts) != 3 or parts[0] not in GROUPS or not parts[1].isdigit() or WRITER_MARK not in parts[2]:
+            raise ValueError(f"--dev: expected images in {LAYOUT} with group {' or '.join(GROUPS)}, "
+                             f"found {'/'.join(parts)}")
+        writer = parts[2].split(WRITER_MARK)[0].replace("+", "/", 1)
+        images.append(DevImage(path, parts[0], parts[1], writer))
+    if not images:
+        raise ValueError(f"--dev: expected images in {LAYOUT}, found none in {dev}")
+    return images
+
+
+# Answers -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Answer:
+    """One route's answer for one image: its top label, or why it refused the image."""
+
+    predicted: str | None = None
+    confidence: float | None = None
+    refused: str | None = None
+
+    def right(self, label: str) -> bool:
+        return self.predicted == label
+
+    def shown(self) -> str:
+        return f"refused ({self.refused})" if self.refused else f"{self.predicted} ({self.confidence:.2f})"
+
+
+def ask_app(client, endpoint: str, value) -> Answer:
+    """One call of the app's `endpoint` with the default controls; a gr.Error is a refusal."""
+    from gradio_client.exceptions import AppError
+
+    try:
+        result = client.predict(value, "mean", 0.0, 3, api_name=endpoint)
+    except AppError as error:
+        return Answer(refused=str(error))
+    label, confidence = top_labels(result)[0]
+    return Answer(label, round(confidence, 4))
+
+
+def sketchpad_value(path: Path) -> dict:
+    """The sketchpad's value as gradio_client sends it, with `path` drawn: background and composite."""
+    from gradio_client import handle_file
+
+    return {"background": handle_file(str(path)), "layers": [], "composite": handle_file(str(path))}
+
+
+def score_through_app(images: list[DevImage], model: str) -> dict[str, list[Answer]]:
+    """The torch app's /predict and /predict_drawing, then the ONNX app's /predict."""
+    from gradio_client import handle_file
+
+    answers = {}
+    with live_app(model, "torch") as client:
+        answers["torch"] = [ask_app(client, "/predict", handle_file(str(image.path))) for image in images]
+        answers["sketch"] = [ask_app(client, "/predict_drawing", sketchpad_value(image.path)) for image in images]
+    with live_app(model, "onnx") as client:
+        answers["onnx"] = [ask_app(client, "/predict", handle_file(str(image.path))) for image in images]
+    return answers
+
+
+# The reference CNN -------------------------------------------------------------------------
+def small_cnn(config: ViTConfig) -> nn.Sequential:
+    """LeNet-like, for the config's input and labels: a 5x5 and a 3x3 convolution (32 and 64
+    channels), each followed by ReLU and 2x2 max pooling, then one linear layer (51k weights at
+    28x28 with 10 classes)."""
+    height, width = config.image_size
+    return nn.Sequential(
+        nn.Conv2d(config.in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),  # [B, 32, H/2, W/2]
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # [B, 64, H/4, W/4]
+        nn.Flatten(), nn.Linear(64 * (height // 4) * (width // 4), config.num_classes),
+    )
+
+
+def cache_file(cache: Path, config: ViTConfig, epochs: int, seed: int) -> Path:
+    """Where the CNN trained for this config's preprocessing and this recipe is kept."""
+    recipe = {
+        "net": repr(small_cnn(config)), "epochs": epochs, "seed": seed, "batch": BATCH,
+        "learning_rate": LEARNING_RATE, "weight_decay": WEIGHT_DECAY,
+        "preprocessing": {field: getattr(config, field) for field in PREPROCESSING_FIELDS},
+        "code": [hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()
+                 for module in (canonical, preprocessing)],
+    }
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    return cache / f"small_cnn_{digest}.safetensors"
+
+
+def _canonical_chunk(digits: np.ndarray, config: ViTConfig) -> np.ndarray:
+    """uint8 [n, 28, 28] MNIST digits -> float32 [n, C, H, W] as the ViT's pipeline feeds them."""
+    return np.stack([model_pixels(to_model_domain(Image.fromarray(digit), config), config) for digit in digits])
+
+
+def canonical_split(split, config: ViTConfig) -> tuple[np.ndarray, np.ndarray]:
+    """A split of the bundled MNIST -> (float32 [N, C, H, W] canonicalised pixels, int64 [N] labels),
+    canonicalised by CANONICAL_WORKERS processes."""
+    digits = np.stack([np.asarray(split[index][0]) for index in range(len(split))])
+    chunks = [digits[start:start + CANONICAL_CHUNK] for start in range(0, len(digits), CANONICAL_CHUNK)]
+    with multiprocessing.get_context("spawn").Pool(CANONICAL_WORKERS) as pool:
+        pixels = np.concatenate(pool.map(partial(_canonical_chunk, config=config), chunks))
+    return pixels, np.asarray(split.targets, dtype=np.int64)
+
+
+def train_cnn(config: ViTConfig, pixels: np.ndarray, labels: np.ndarray, epochs: int, seed: int) -> nn.Sequential:
+    """AdamW with a one-cycle schedule, cross entropy, batches of BATCH, seeded."""
+    torch.manual_seed(seed)
+    cnn = small_cnn(config).train()
+    inputs, targets = torch.from_numpy(pixels), torch.from_numpy(labels)
+    order = torch.Generator().manual_seed(seed)
+    steps = epochs * math.ceil(len(inputs) / BATCH)
+    optimizer = torch.optim.AdamW(cnn.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, LEARNING_RATE, total_steps=steps)
+    for epoch in range(epochs):
+        started = time.perf_counter()
+        for batch in torch.randperm(len(inputs), generator=order).split(BATCH):
+            optimizer.zero_grad()
+            F.cross_entropy(cnn(inputs[batch]), targets[batch]).backward()
+            optimizer.step()
+            schedule.step()
+        print(f"CNN epoch {epoch + 1}/{epochs}: {time.perf_counter() - started:.0f} s", flush=True)
+    return cnn.eval()
+
+
+def probabilities(cnn: nn.Module, pixels: np.ndarray) -> np.ndarray:
+    """float32 [N, C, H, W] -> [N, classes]."""
+    with torch.inference_mode():
+        batches = np.array_split(pixels, max(1, len(pixels) // EVAL_BATCH))
+        logits = [cnn(torch.from_numpy(batch)).numpy() for batch in batches]
+    return softmax(np.concatenate(logits))
+
+
+def reference_cnn(config: ViTConfig, cache: Path, epochs: int, seed: int) -> tuple[nn.Sequential, float]:
+    """(the CNN, its MNIST test accuracy), from the cache or trained and cached."""
+    from safetensors.torch import load_file, safe_open, save_file
+
+    from vit_hub.data import load_splits
+
+    path = cache_file(cache, config, epochs, seed)
+    cnn = small_cnn(config).eval()
+    if path.is_file():
+        cnn.load_state_dict(load_file(path))
+        with safe_open(path, "pt") as weights:
+            accuracy = float(weights.metadata()["mnist_test_accuracy"])
+        print(f"CNN: cached {path.name} (MNIST test {accuracy:.4f})")
+        return cnn, accuracy
+    splits = load_splits("mnist", val_split=0.0)
+    started = time.perf_counter()
+    (train_pixels, train_labels), (test_pixels, test_labels) = (canonical_split(split, config)
+                                                                for split in (splits.train, splits.test))
+    print(f"MNIST canonicalised ({len(train_labels)} + {len(test_labels)} digits): "
+          f"{time.perf_counter() - started:.0f} s", flush=True)
+    cnn = train_cnn(config, train_pixels, train_labels, epochs, seed)
+    accuracy = float((probabilities(cnn, test_pixels).argmax(1) == test_labels).mean())
+    cache.mkdir(parents=True, exist_ok=True)
+    with replacing(path) as partial_file:
+        save_file(cnn.state_dict(), str(partial_file), metadata={"mnist_test_accuracy": repr(accuracy)})
+    print(f"CNN: MNIST test {accuracy:.4f}, cached as {path}")
+    return cnn, accuracy
+
+
+def score_with_cnn(images: list[DevImage], cnn: nn.Module, config: ViTConfig) -> list[Answer]:
+    """Each image through `preprocess` (as /predict canonicalises it) and the CNN."""
+    answers = []
+    for image in images:
+        try:
+            pixels = preprocess(image.path, config)
+        except ValueError as error:  # EmptyImageError among them
+            answers.append(Answer(refused=str(error)))
+            continue
+        scores = probabilities(cnn, pixels[None])[0]
+        best = int(scores.argmax())
+        answers.append(Answer(config.labels[best], round(float(scores[best]), 4)))
+    return answers
+
+
+# Reporting ---------------------------------------------------------------------------------
+def records(images: list[DevImage], answers: dict[str, list[Answer]]) -> list[dict]:
+    """Per-image records: where it came from and each route's answer."""
+    return [{"file": image.name, "group": image.group, "label": image.label, "writer": image.writer,
+             **{route: dataclasses.asdict(answers[route][index]) for route in ROUTES if route in answers}}
+            for index, image in enumerate(images)]
+
+
+def tally(rows: list[dict]) -> dict:
+    """Right and refused counts per route over some records."""
+    return {"n": len(rows),
+            **{route: {"right": sum(row[route]["predicted"] == row["label"] for row in rows),
+                       "refused": sum(row[route]["refused"] is not None for row in rows)}
+               for route in ROUTES if rows and route in rows[0]}}
+
+
+def tallies(rows: list[dict]) -> tuple[list[dict], dict[str, dict]]:
+    """(per writer, in group order then by name: {writer, group, n, route: counts}, per group)."""
+    keys = sorted({(row["group"], row["writer"]) for row in rows},
+                  key=lambda key: (GROUPS.index(key[0]), key[1].lower()))
+    writers = [{"writer": writer, "group": group,
+                **tally([row for row in rows if (row["group"], row["writer"]) == (group, writer)])}
+               for group, writer in keys]
+    groups = {group: tally([row for row in rows if row["group"] == group]) for group in GROUPS
+              if any(row["group"] == group for row in rows)}
+    return writers, groups
+
+
+def markdown_table(writers: list[dict], groups: dict[str, dict]) -> str:
+    """Right counts per route and writer, refusals in the last column; a total row per group."""
+    routes = [route for route in ROUTES if writers and route in writers[0]]
+    header = ["writer", "group", "n", *(ROUTES[route] for route in routes),
+              f"refused ({' / '.join(routes)})"]
+
+    def cells(counts: dict, bold: bool) -> list[str]:
+        right = [f"{counts[route]['right']}/{counts['n']}" for route in routes]
+        if bold:
+            right = [f"**{cell}** ({counts[route]['right'] / counts['n']:.3f})" for cell, route in zip(right, routes)]
+        return [str(counts["n"]), *right, " / ".join(str(counts[route]["refused"]) for route in routes)]
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += [f"| {row['writer']} | {row['group']} | " + " | ".join(cells(row, False)) + " |" for row in writers]
+    lines += [f"| **all {group}** | {group} | " + " | ".join(cells(counts, True)) + " |"
+              for group, counts in groups.items()]
+    return "\n".join(lines)
+
+
+def differences(rows: list[dict], first: str, second: str) -> list[str]:
+    """Lines naming the images `first` gets wrong and `second` gets right, with both answers."""
+    return [f"  {row['file']} (label {row['label']}): {ROUTES[first]} {Answer(**row[first]).shown()}, "
+            f"{ROUTES[second]} {Answer(**row[second]).shown()}"
+            for row in rows if row[first]["predicted"] != row["label"] and row[second]["predicted"] == row["label"]]
+
+
+def report(rows: list[dict], cnn_accuracy: float) -> str:
+    writers, groups = tallies(rows)
+    sections = [markdown_table(writers, groups),
+                f"\nCNN (small_cnn, the same canonicalisation): MNIST test {cnn_accuracy:.4f}"]
+    for first, second in (("torch", "cnn"), ("cnn", "torch")):
+        found = differences(rows, first, second)
+        sections.append(f"\n{ROUTES[first]} wrong, {ROUTES[second]} right: {len(found)}")
+        sections += found
+    app_routes = [route for route in ("torch", "onnx", "sketch") if route in rows[0]]
+    split = [row for row in rows if len({row[route]["predicted"] for route in app_routes}) > 1]
+    sections.append(f"\nThe app's routes disagree: {len(split)}")
+    sections += [f"  {row['file']} (label {row['label']}): "
+                 + ", ".join(f"{ROUTES[route]} {Answer(**row[route]).shown()}" for route in app_routes)
+                 for row in split]
+    return "\n".join(sections)
+
+
+def main() -> None:
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="model dir or Hub repo id")
+    parser.add_argument("--dev", type=Path, required=True, help=f"folder of images in {LAYOUT}")
+    parser.add_argument("--json", type=Path, help="write the per-image records and the tables here")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                        help=f"where the trained CNN's weights are kept (default {DEFAULT_CACHE})")
+    parser.add_argument("--epochs", type=int, default=2, help="the CNN's training epochs")
+    parser.add_argument("--seed", type=int, default=0, help="the CNN's initialisation and batch order")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads while the CNN trains")
+    args = parser.parse_args()
+
+    def run() -> None:
+        from vit_hub.pretrained import load_model
+
+        images = dev_images(args.dev)
+        config = load_model(args.model).config
+        torch.set_num_threads(args.threads)
+        cnn, cnn_accuracy = reference_cnn(config, args.cache, args.epochs, args.seed)
+        answers = {"cnn": score_with_cnn(images, cnn, config), **score_through_app(images, args.model)}
+        rows = records(images, answers)
+        print(report(rows, cnn_accuracy))
+        if args.json:
+            writers, groups = tallies(rows)
+            args.json.write_text(json.dumps({"model": args.model, "dev": str(args.dev), "cnn": {
+                "epochs": args.epochs, "seed": args.seed, "weights": sum(p.numel() for p in cnn.parameters()),
+                "mnist_test_accuracy": cnn_accuracy}, "groups": groups, "writers": writers, "images": rows},
+                indent=2) + "\n")
+
+    sys.exit(run_reporting_errors(run))
+
+
+if __name__ == "__main__":
+    main()
