@@ -27,7 +27,7 @@ from conftest import free_port
 from hub_double import serving_hub
 from vit_hub.cli import main
 from vit_hub.hub import push_to_hub
-from vit_hub.space import MODEL_FOLDER, write_space
+from vit_hub.space import MODEL_FOLDER, SETTINGS_FILE, read_settings, write_space
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
@@ -166,6 +166,32 @@ def test_pulled_space_pins_the_model_repo_and_links_it(hub, tmp_path):
     assert (written.settings.model, written.settings.revision) == (MODEL_REPO, commit)
     assert not (written.folder / MODEL_FOLDER).exists()  # nothing bundled
     assert front_matter((written.folder / "README.md").read_text())["models"] == [MODEL_REPO]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"model": "../outside", "revision": null, "backend": "onnx"}', "expected the model folder inside the Space"),
+    ('{"model": "model", "revision": null, "backend": "onnx", "extra": 1}', "expected {"),
+    ('{"model": 7, "revision": null, "backend": "onnx"}', "expected {"),
+    ('{"model": "model", "backend": "cuda"}', "expected {"),
+    ("not json", "expected JSON"),
+])
+def test_space_settings_that_app_py_cannot_use_are_refused_in_one_line(tmp_path, text, expected):
+    folder = tmp_path / "space"
+    (folder / MODEL_FOLDER).mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (folder / SETTINGS_FILE).write_text(text)
+    with pytest.raises(ValueError, match=re.escape(expected)) as refused:
+        read_settings(folder)
+    assert "\n" not in str(refused.value)
+
+
+def test_space_settings_name_a_bundled_folder_or_a_pinned_repo(tmp_path):
+    (tmp_path / MODEL_FOLDER).mkdir()
+    (tmp_path / SETTINGS_FILE).write_text('{"model": "model", "revision": null, "backend": "onnx"}')
+    assert Path(read_settings(tmp_path).model) == tmp_path / MODEL_FOLDER
+    (tmp_path / SETTINGS_FILE).write_text(f'{{"model": "{MODEL_REPO}", "revision": "abc", "backend": "onnx"}}')
+    assert (read_settings(tmp_path).model, read_settings(tmp_path).revision) == (MODEL_REPO, "abc")
+    assert read_settings(tmp_path / MODEL_FOLDER) is None  # no space.json: app.py's own defaults
 
 
 # The Space, started as the Hub starts it -------------------------------------------------------
