@@ -182,6 +182,16 @@ def test_out_inside_data_is_refused_in_one_line_before_anything_is_written(tmp_p
     assert listing(tmp_path) == before
 
 
+def test_a_sweep_out_inside_data_is_refused_before_its_folder_is_made(tmp_path):
+    root = class_folders(tmp_path / "data")
+    before = listing(tmp_path)
+    code, stderr = run_vit_hub("sweep", "--data", root, "--out", root / "sweeps", "--param", "depth=1,2",
+                               "--epochs", "1", *TINY_TRAIN_FLAGS)
+    assert code == 2
+    assert_one_line(stderr, f"--out {root / 'sweeps'}", f"outside --data {root}")
+    assert listing(tmp_path) == before
+
+
 def test_out_inside_data_is_refused_through_the_python_api_too(tmp_path):
     root = class_folders(tmp_path / "data")
     with pytest.raises(TrainingError) as error:

@@ -10,7 +10,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from .train import CHECKPOINT, MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free, train
+from .train import (CHECKPOINT, MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free,
+                    check_out_outside_data, train)
 
 TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 
@@ -51,6 +52,7 @@ def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Pat
     if overwrite and resume:
         raise ValueError("sweep: --resume continues the runs in --out and --overwrite replaces them; pass one")
     check_out_is_a_folder(out)
+    check_out_outside_data(out, settings.data)
     if not overwrite and not resume:
         for name, values in params:
             for value in values:
