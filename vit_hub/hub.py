@@ -12,6 +12,10 @@ Edited cards are kept. Every card vit_hub writes is sealed with a checksum (see
     so; `overwrite_card=True` (`--overwrite-card`) replaces it anyway.
 "Ours" is a fresh card whose snippets name the repo id, unless the model dir's README.md
 is not an intact vit_hub card (edited or written by hand): then it goes up as written.
+
+A model dir and a repo are untrusted. A push uploads the model dir's regular files and
+refuses one that is a link leading out of it; a pull writes a new or empty folder (or, asked
+to overwrite, replaces one whole) and only once the weights are checked against the config.
 """
 
 from __future__ import annotations
@@ -157,7 +161,6 @@ def _check_pulled(folder: Path, repo_id: str) -> None:
 
     if not (folder / "model.safetensors").is_file():
         raise HubError(f"{repo_id} is not a vit_hub model: it has no model.safetensors")
-    check_safetensors(folder / "model.safetensors")
     check_weights_fit(ViTConfig.from_json(folder / "config.json"), folder / "model.safetensors",
                       name=f"{repo_id}'s model.safetensors")
 
@@ -333,7 +336,7 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
     """
     model_dir = Path(model_dir)
     names = [name for name in MODEL_FILES if name != "README.md"] + (onnx_files(model_dir) if with_onnx else [])
-    refuse_links_out(model_dir, [*names, "README.md"], flag="push --model")  # README.md: read for the card
+    _refuse_links_out(model_dir, [*names, "README.md"], flag="push --model")  # README.md: read for the card
     check_model_dir(model_dir, flag="push --model")
     check_repo_id(repo_id, flag="--repo-id")
     files = [name for name in names if (model_dir / name).is_file()]  # regular files: no FIFO, no folder
@@ -353,7 +356,7 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
                       files=[operation.path_in_repo for operation in operations], card=card_source)
 
 
-def refuse_links_out(folder: Path, names: list[str], flag: str) -> None:
+def _refuse_links_out(folder: Path, names: list[str], flag: str) -> None:
     """A one-line HubError when a named file of `folder` is a link leading out of it: a push would
     upload whatever it points to (a curves.png linked to /etc/passwd). Links inside are fine."""
     root = folder.resolve()
