@@ -183,13 +183,14 @@ def test_out_inside_data_is_refused_in_one_line_before_anything_is_written(tmp_p
 
 
 def test_a_sweep_out_inside_data_is_refused_before_its_folder_is_made(tmp_path):
+    from vit_hub.sweep import sweep
+
     root = class_folders(tmp_path / "data")
-    before = listing(tmp_path)
-    code, stderr = run_vit_hub("sweep", "--data", root, "--out", root / "sweeps", "--param", "depth=1,2",
-                               "--epochs", "1", *TINY_TRAIN_FLAGS)
-    assert code == 2
-    assert_one_line(stderr, f"--out {root / 'sweeps'}", f"outside --data {root}")
-    assert listing(tmp_path) == before
+    with pytest.raises(TrainingError) as error:
+        sweep(TrainSettings(data=str(root), out=str(root / "sweeps"), epochs=1), [("depth", [1, 2])],
+              root / "sweeps")
+    assert_one_line(str(error.value), "--out", "outside --data")
+    assert not (root / "sweeps").exists()
 
 
 def test_out_inside_data_is_refused_through_the_python_api_too(tmp_path):
