@@ -3,9 +3,10 @@ written Space started the way the Hub starts one and queried through gradio_clie
 
 A Space runs `python app.py` with no flags in its folder, reached through
 GRADIO_SERVER_NAME and GRADIO_SERVER_PORT, with only what its requirements.txt installs.
-The tests start a copy of the written folder so: the interpreter cannot import torch nor
-this checkout's own vit_hub (a sitecustomize removes the editable install's finder), so a
-source missing from the folder or a torch import on the Space's path fails here.
+The tests start a copy of the written folder so: the interpreter imports only what the
+Space's requirements.txt installs (with their dependencies; torch, for one, is refused) and
+not this checkout's own vit_hub (a sitecustomize removes the editable install's finder), so
+a source missing from the folder or a package missing from the requirements fails here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from conftest import free_port
 from hub_double import serving_hub
 from vit_hub.cli import main
 from vit_hub.hub import push_to_hub
-from vit_hub.space import MODEL_FOLDER, SETTINGS_FILE, read_settings, write_space
+from vit_hub.space import MODEL_FOLDER, REQUIREMENTS, SETTINGS_FILE, read_settings, write_space
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
@@ -38,23 +39,67 @@ MODEL_REPO = "me/vit-mnist"
 # The address the Space's app is told to bind: not the app's own default (127.0.0.1), so a
 # served page proves that GRADIO_SERVER_NAME was read; still this machine only.
 SPACE_HOST = "127.0.0.2"
-# What a CPU Space installs for the app, and nothing else (see vit_hub.space.REQUIREMENTS).
-REQUIRED = {"gradio", "onnxruntime", "huggingface_hub", "numpy", "pillow", "matplotlib", "safetensors"}
 SPACE_PYTHON = '''
+import importlib.metadata as metadata
+import os
 import sys
+
+from packaging.requirements import Requirement
+
 # Only what the Space folder holds: not this checkout's vit_hub and export (the editable install).
 sys.meta_path[:] = [finder for finder in sys.meta_path if "editable" not in getattr(finder, "__module__", "")]
 
-class NoTorch:
-    """A CPU Space written by vit-hub space installs no torch."""
+
+def normal(name):
+    return name.lower().replace("_", "-")
+
+
+def installed_here(name):
+    """The distribution installed here for a requirement: itself, or the one that provides its
+    module (the onnxruntime of the Space is onnxruntime-gpu here)."""
+    try:
+        metadata.distribution(name)
+        return name
+    except metadata.PackageNotFoundError:
+        return PROVIDERS[name.replace("-", "_").lower()][0]
+
+
+def installed_with(names):
+    """The distributions pip installs for `names` (their dependencies, transitively)."""
+    found, todo = set(), list(names)
+    while todo:
+        name = normal(installed_here(todo.pop()))
+        if name in found:
+            continue
+        found.add(name)
+        for text in metadata.requires(name) or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return found
+
+
+class OnlyTheRequirements:
+    """A package installed here but not by the Space's requirements.txt (torch, say) cannot be imported."""
 
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name.partition(".")[0] == "torch":
-            raise ModuleNotFoundError(f"No module named {name!r} (not installed in the Space)", name=name)
+        top = name.partition(".")[0]
+        owners = PROVIDERS.get(top, [])
+        if owners and top not in OWN and not any(normal(owner) in ALLOWED for owner in owners):
+            raise ModuleNotFoundError(f"No module named {top!r}: the Space's requirements.txt does not install it",
+                                      name=top)
         return None
 
-sys.meta_path.insert(0, NoTorch)
+
+try:
+    PROVIDERS = metadata.packages_distributions()  # top-level module -> distributions
+    ALLOWED = installed_with(os.environ["SPACE_REQUIREMENTS"].split())
+    OWN = {"app", "vit_hub", "export"}  # the Space folder's own sources
+    sys.meta_path.insert(0, OnlyTheRequirements)
+except Exception as error:  # Python would only warn and start the app without the check
+    print(f"sitecustomize: {error!r}", flush=True)
+    os._exit(97)
 '''
 
 
@@ -110,11 +155,11 @@ def test_dry_run_writes_a_space_folder_and_uploads_nothing(hub, tmp_path, capsys
     assert front["title"] == "vit-mnist-demo" and front["license"] == "mit"  # the model card's licence
     assert "models" not in front  # a bundled model has no model repo to link
 
-    pinned = pins(written["requirements.txt"].decode())
-    assert set(pinned) == REQUIRED  # no torch, and the CPU build of onnxruntime, never the GPU one
+    pinned = pins(written["requirements.txt"].decode())  # enough to run the app: the Space tests below
+    assert set(pinned) == set(REQUIREMENTS) and not {"torch", "onnxruntime-gpu"} & set(pinned)
     assert pinned["gradio"] == gradio_version
-    assert pinned["onnxruntime"] == importlib.metadata.version("onnxruntime-gpu")
-    for name in REQUIRED - {"onnxruntime"}:
+    assert pinned["onnxruntime"] == importlib.metadata.version("onnxruntime-gpu")  # its CPU build
+    for name in set(REQUIREMENTS) - {"onnxruntime"}:
         assert pinned[name] == importlib.metadata.version(name)
     assert "onnxruntime-gpu" in written["requirements.txt"].decode().split("\n\n")[0]  # the comment says why
 
@@ -210,7 +255,8 @@ def running_space(folder: Path, tmp_path: Path, **env: str):
     temp.mkdir()
     port = free_port()
     space_env = {key: value for key, value in os.environ.items() if not key.startswith(("GRADIO_", "HF_"))}
-    space_env.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1",  # bytecode caches are Python's, not the app's
+    space_env.update(SPACE_REQUIREMENTS=" ".join(pins((folder / "requirements.txt").read_text())),
+                     PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1",  # bytecode caches are Python's, not the app's
                      HOME=str(home), TMPDIR=str(temp), HF_HUB_DISABLE_TELEMETRY="1",
                      HF_ENDPOINT=f"http://127.0.0.1:{free_port()}",  # nowhere, unless a test gives its Hub
                      GRADIO_SERVER_NAME=SPACE_HOST, GRADIO_SERVER_PORT=str(port))

@@ -46,7 +46,8 @@ CHECKOUT = Path(__file__).resolve().parents[1]  # where app.py, export/ and samp
 SOURCES = ("app.py", "vit_hub/*.py", "export/*.py", "samples/*.png")  # relative to CHECKOUT
 # The packages the app imports on its ONNX path, pinned to the versions installed here.
 # onnxruntime stands for the installed onnxruntime-gpu: see ONNXRUNTIME_NOTE.
-REQUIREMENTS = ("gradio", "onnxruntime", "huggingface_hub", "numpy", "pillow", "matplotlib", "safetensors")
+REQUIREMENTS = ("gradio", "onnxruntime", "onnx", "huggingface_hub", "numpy", "scipy", "pillow", "matplotlib",
+                "safetensors")  # onnx: export.runtime checks each graph before a session opens it
 ONNXRUNTIME_NOTE = (
     "# onnxruntime is the CPU build. This project installs onnxruntime-gpu elsewhere and never both\n"
     "# side by side (the CPU build would hide the CUDA provider); a CPU Space gets only this one, which\n"
