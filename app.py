@@ -48,7 +48,7 @@ from vit_hub.insight import ModelViews, compute_views, default_data, head_grid, 
 from vit_hub.preprocess import load_image, model_pixels, open_image, resize, to_model_domain, to_model_mode
 from vit_hub.attribution import METHODS, attention_map, blank_pixels, check_method, occlusion
 from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
-from vit_hub.space import read_settings
+from vit_hub.space import SpaceSettings, read_settings
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_MODEL = ROOT / "models" / "vit-mnist"
@@ -586,20 +586,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         space = read_settings(ROOT)
     except (OSError, ValueError) as error:
         raise SystemExit(f"app.py: {error}") from None
-    parser = OneLineErrorParser(description="Serve a vit_hub model with explanation overlays.")
+    return build_parser(space).parse_args(argv)
+
+
+def build_parser(space: SpaceSettings | None) -> argparse.ArgumentParser:
+    """app.py's flags, their defaults from `space` (a Space folder's space.json) when given."""
+    parser = OneLineErrorParser(prog="app.py", description=(
+        "Serve a vit_hub model in a Gradio page: upload or draw an image, see the top classes and a map of "
+        "the patches that made the model say so. Also an HTTP API (/predict, /predict_labels)."))
     parser.add_argument("--model", default=space.model if space else str(DEFAULT_MODEL),
-                        help="model dir or Hugging Face Hub repo id (default: the Space's model in a Space folder, "
-                             "else the bundled MNIST model)")
+                        help="model dir or Hugging Face Hub repo id (default: %(default)s)")
     parser.add_argument("--revision", default=space.revision if space else None,
-                        help="branch, tag or commit of a Hub repo id (default: the Space's pinned commit, else main)")
+                        help="branch, tag or commit of a Hub repo id (default: the Space's pinned commit in a "
+                             "Space folder, else main)")
     parser.add_argument("--backend", choices=("torch", "onnx"), default=space.backend if space else "torch",
-                        help="onnx runs ONNX Runtime on model_attentions.onnx, exported to a temp dir "
-                             "first when the model has none")
+                        help="torch computes every explanation method; onnx runs ONNX Runtime without torch on "
+                             "the model's model_attentions.onnx (exported to a temporary folder first when it has "
+                             "none) and offers the methods that need no gradients (default: %(default)s)")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1",
-                        help="address to bind (default: GRADIO_SERVER_NAME, else 127.0.0.1, this machine only)")
+                        help="address to listen on; 0.0.0.0 opens the app to the network (default: "
+                             "GRADIO_SERVER_NAME, else 127.0.0.1, this machine only; now %(default)s)")
     parser.add_argument("--port", type=_port, default=os.environ.get("GRADIO_SERVER_PORT") or "7860",
-                        help="default: GRADIO_SERVER_PORT, else 7860")
-    return parser.parse_args(argv)
+                        help="port to listen on (default: GRADIO_SERVER_PORT, else 7860; now %(default)s)")
+    return parser
 
 
 def _port(text: str) -> int:

@@ -28,12 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp16 also writes float16 copies of the graphs (float32 in and out) for the CUDA "
                              "provider, verified and measured against fp32 (default fp32)")
-    parser.add_argument("--quantize", choices=QUANTIZATIONS, help="also write <stem>_int8.onnx (dynamic quantization)")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, help="also write <stem>_int8.onnx (dynamic "
+                        "quantization), its accuracy measured on --calib-data (default: none)")
     parser.add_argument("--calib-data", metavar="D",
                         help="images for real-input parity and int8 accuracy: a folder, mnist or a torchvision "
                              "name (default: the bundled MNIST test split)")
-    parser.add_argument("--data-root", help="where torchvision datasets named by --calib-data live")
-    parser.add_argument("--eval-limit", type=int, metavar="N", help="measure int8 accuracy on the first N images")
+    parser.add_argument("--data-root", help="where torchvision datasets named by --calib-data live "
+                                            "(default: VIT_HUB_DATA_ROOT, else ./data)")
+    parser.add_argument("--eval-limit", type=int, metavar="N",
+                        help="measure int8 accuracy and fp16 agreement on the first N images (default: all)")
     parser.add_argument("--exporter", choices=EXPORTERS, default=DEFAULT_EXPORTER,
                         help=f"torch exporter (default {DEFAULT_EXPORTER}: its graph runs faster here)")
     return parser

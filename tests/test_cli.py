@@ -362,4 +362,4 @@ def test_a_field_without_a_command_line_type_is_refused_by_name():
         shape: tuple = ()
 
     with pytest.raises(TypeError, match=r"Odd.shape: no command-line type for the annotation 'tuple'"):
-        cli.add_field_flags(argparse.ArgumentParser(), Odd, ("shape",), show_defaults=False)
+        cli.add_field_flags(argparse.ArgumentParser(), Odd, ("shape",))

@@ -14,6 +14,15 @@ from .config import PRESETS, ViTConfig
 from .console import OneLineErrorParser, run_reporting_errors
 from .hub_cli import add_hub_commands, run_pull, run_push
 
+DESCRIPTION = ("Train a Vision Transformer on a folder of images, evaluate it, push it to the Hugging Face Hub "
+               "and see what it learned. Each command's --help lists its flags and their defaults.")
+EXAMPLES = """examples:
+  vit-hub train --data path/to/folder --out runs/my-model      # a model dir: weights, config, card, plots
+  vit-hub predict --model runs/my-model photo.jpg --top-k 3    # the top 3 labels of an image
+  vit-hub push --model runs/my-model --repo-id you/my-model    # one commit to the Hub (needs HF_TOKEN)
+"""
+
+
 def _size(text: str):
     """'28' -> 28, '32x48' -> [32, 48]."""
     try:
@@ -56,18 +65,20 @@ def field_help(cls: type) -> dict[str, str]:
     return helps
 
 
-def add_field_flags(group, cls: type, names: tuple[str, ...], show_defaults: bool) -> None:
+def add_field_flags(group, cls: type, names: tuple[str, ...], set_first_by: str = "",
+                    notes: dict[str, str] | None = None) -> None:
     """One `--flag-name` per dataclass field in `names`: type from the annotation, choices
-    from `one_of`, help from the docstring. Every flag defaults to None (not given), so
-    the dataclass keeps the one copy of each default (shown in --help with `show_defaults`)."""
+    from `one_of`, help from the docstring (plus `notes[name]`). Every flag defaults to None
+    (not given), so the dataclass keeps the one copy of each default, which --help shows;
+    `set_first_by` names what sets the field before the dataclass default applies."""
     helps = field_help(cls)
     for field in dataclasses.fields(cls):
         if field.name not in names:
             continue
         flag = field.metadata.get("flag", "--" + field.name.replace("_", "-"))
-        text = helps.get(field.name, "").rstrip(".").replace("%", "%%")
-        if show_defaults and field.default not in (None, dataclasses.MISSING, ""):
-            text += f" (default: {field.default})"
+        text = ". ".join(filter(None, [helps.get(field.name, "").rstrip("."), (notes or {}).get(field.name)]))
+        text = text.replace("%", "%%")
+        text += _default_note(field, set_first_by) if "default" not in text else ""
         options = dict(dest=field.name, default=None, help=text, choices=field.metadata.get("choices"))
         if field.type in ("bool", "bool | None"):
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
@@ -78,27 +89,55 @@ def add_field_flags(group, cls: type, names: tuple[str, ...], show_defaults: boo
         group.add_argument(flag, type=FLAG_TYPES[field.type], metavar=metavar, **options)
 
 
+def _default_note(field: dataclasses.Field, set_first_by: str) -> str:
+    """' (default: ...)' for a field's flag: the dataclass default, after `set_first_by`."""
+    value = None if field.default in (dataclasses.MISSING, "") else field.default
+    if set_first_by:
+        return f" (default: {set_first_by}" + (f", else {value})" if value is not None else ")")
+    return f" (default: {value})" if value is not None else ""
+
+
+def data_help(what: str) -> str:
+    """What a --data flag accepts, from the lists the data loader reads."""
+    from .data import TORCHVISION_DATASETS
+
+    return (f"{what}: an image folder (FOLDER/CLASS/IMAGE, or FOLDER/train/ beside test/ and/or val/), "
+            f"'mnist' (the bundled copy, offline) or a torchvision dataset ({', '.join(TORCHVISION_DATASETS)}) "
+            f"whose files are already under --data-root")
+
+
+def preset_help() -> str:
+    """Each architecture preset with its size, from PRESETS."""
+    shown = [f"{name} ({values['image_size']} px, patch {values['patch_size']}, width {values['embed_dim']}, "
+             f"depth {values['depth']})" for name, values in PRESETS.items()]
+    return "presets: " + "; ".join(shown)
+
+
 def _add_training_flags(parser: argparse.ArgumentParser, data_required: bool = True) -> None:
     from .train import MODEL_FIELDS, TrainSettings
 
-    parser.add_argument("--data", required=data_required, help=field_help(TrainSettings)["data"])
+    needed = "" if data_required else " (default: none; needed unless --resume, which reads the run's own)"
+    parser.add_argument("--data", required=data_required, help=data_help("images to train on") + needed)
     training = tuple(field.name for field in dataclasses.fields(TrainSettings)
                      if field.name not in ("data", "out", "model", "command"))
-    add_field_flags(parser, TrainSettings, training, show_defaults=True)
+    add_field_flags(parser, TrainSettings, training, notes={"preset": preset_help()})
     group = parser.add_argument_group("model (override the preset or the choice made from the data)")
-    add_field_flags(group, ViTConfig, MODEL_FIELDS, show_defaults=False)
+    add_field_flags(group, ViTConfig, MODEL_FIELDS, set_first_by="from the preset or the data")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(prog="vit-hub", description=__doc__)
+    parser = OneLineErrorParser(prog="vit-hub", description=DESCRIPTION, epilog=EXAMPLES)
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a model into a Hub-layout model dir")
-    train.add_argument("--out", required=True, help="model dir to write")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    train.add_argument("--out", required=True, help="model dir to write (new, empty, or with --resume or "
+                       "--overwrite)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint; "
+                       "flags given again must match the run's")
     train.add_argument("--overwrite", action="store_true", help="replace a model or run already in --out")
     train.add_argument("--stop-after-epochs", type=int, metavar="N",
-                       help="pause after N epochs of this invocation, leaving a resumable checkpoint")
+                       help="pause after N epochs of this invocation, leaving a resumable checkpoint "
+                            "(default: run to the last epoch)")
     _add_training_flags(train, data_required=False)  # --resume needs no --data
 
     evaluate = commands.add_parser(
@@ -107,14 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "(same --val-split and --seed), printed as one JSON line: accuracy, loss, n, split.")
     evaluate.add_argument("--model", required=True, help="model dir or Hub repo id")
     evaluate.add_argument("--data", required=True,
-                          help="image folder, 'mnist' (bundled) or a torchvision name; its labels must be the model's")
-    evaluate.add_argument("--data-root", help="where torchvision datasets' files are (default: ./data)")
+                          help=data_help("images to evaluate on, with the model's labels"))
+    evaluate.add_argument("--data-root",
+                          help="where torchvision datasets' files are (default: VIT_HUB_DATA_ROOT, else ./data)")
     evaluate.add_argument("--split", choices=("train", "val", "test"),
-                          help="default: test when the data has one (mnist, a folder with test/), else val")
+                          help="split to evaluate (default: test when the data has one, as mnist and a folder "
+                               "with test/ do, else val)")
     evaluate.add_argument("--val-split", type=float, default=0.1,
-                          help="share held out for validation when the data has no val split (as in training)")
+                          help="share held out for validation when the data has no val split (as in training; "
+                               "default: %(default)s)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of that split (as in training)")
-    evaluate.add_argument("--batch-size", type=int, default=256)
+    evaluate.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
 
     predict = commands.add_parser(
         "predict", help="top-k labels for image files",
@@ -122,12 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "preprocessed as the model's config.json says (mode, size, canonicalisation, mean/std).")
     predict.add_argument("--model", required=True, help="model dir or Hub repo id")
     predict.add_argument("images", nargs="+", help="image files (any size and mode)")
-    predict.add_argument("--top-k", type=int, default=3, help="labels shown per image (default 3)")
+    predict.add_argument("--top-k", type=int, default=3, help="labels shown per image")
 
     info = commands.add_parser("info", help="per-layer parameters and FLOPs")
     source = info.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="model dir or Hub repo id")
-    source.add_argument("--preset", choices=sorted(PRESETS))
+    source.add_argument("--model", help="model dir or Hub repo id (this or --preset)")
+    source.add_argument("--preset", choices=tuple(PRESETS), help=f"an architecture preset (this or --model); "
+                        f"{preset_help()}")
 
     sweep = commands.add_parser("sweep", help="one short run per hyperparameter value, table + plot")
     sweep.add_argument("--out", required=True, help="folder for the runs, table and plot")
@@ -136,19 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue an interrupted sweep in --out: finished runs are kept, an interrupted "
                             "one continues from its checkpoint, the rest start")
     sweep.add_argument("--param", action="append", required=True, metavar="NAME=V1,V2,...",
-                       help="model field or training setting to vary, e.g. num_heads=2,4,8")
+                       help=_param_help())
     _add_training_flags(sweep)
 
     inspect = commands.add_parser("inspect", help="what a model learned: patch filters, position similarity, "
                                   "attention distance per head (PNG + inspect.json)")
     inspect.add_argument("--model", required=True, help="model dir or Hub repo id")
     inspect.add_argument("--out", required=True, help="folder for the figures and inspect.json")
-    inspect.add_argument("--data", help="images to measure attention distances on: a folder, 'mnist' or a "
-                         "torchvision name (default: the bundled samples, for a digit model)")
-    inspect.add_argument("--data-root", help="where torchvision datasets' files are (default: ./data)")
+    inspect.add_argument("--data", help=data_help("images to measure attention distances on") +
+                         " (default: the bundled samples, for a digit model)")
+    inspect.add_argument("--data-root",
+                         help="where torchvision datasets' files are (default: VIT_HUB_DATA_ROOT, else ./data)")
     inspect.add_argument("--split", default="val", choices=("train", "val", "test"),
                          help="split of a named dataset (a folder is read whole)")
-    inspect.add_argument("--samples", type=int, default=64, help="images to average over (default 64)")
+    inspect.add_argument("--samples", type=int, default=64, help="images to average over")
     inspect.add_argument("--seed", type=int, default=0, help="which images are drawn")
     importer = commands.add_parser(
         "import", help="convert a timm or transformers ViT into a vit_hub model dir",
@@ -173,11 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     space.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="the Space; created if it does not exist")
     space.add_argument("--out", help="folder to write the Space to (default: ./NAME); a Space folder written "
                                      "before is replaced")
-    space.add_argument("--revision", help="branch, tag or commit of a Hub MODEL to pin (default main)")
+    space.add_argument("--revision", help="branch, tag or commit of a Hub MODEL to pin (default: main)")
     space.add_argument("--private", action="store_true", help="make the Space private when this creates it")
     space.add_argument("--dry-run", action="store_true", help="write the folder only, upload nothing")
     space.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`)")
     return parser
+
+
+def _param_help() -> str:
+    """What --param accepts, from the names `vit-hub sweep` varies."""
+    from .sweep import TRAINING_FIELDS
+    from .train import MODEL_FIELDS
+
+    return (f"a setting to vary, one run per value (repeat for more settings), e.g. num_heads=2,4,8; NAME is a "
+            f"model field ({', '.join(MODEL_FIELDS)}) or a training setting ({', '.join(TRAINING_FIELDS)})")
 
 
 def _given_settings(args: argparse.Namespace) -> dict:

@@ -11,9 +11,27 @@ from typing import Any, Callable
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 
+class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
+    """--help that gives every optional flag's default: argparse's value, "off" for a switch.
+    A flag whose default is worked out later (argparse holds None) says it in its own help.
+    Descriptions and epilogs keep their line breaks (the examples)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.required \
+                or action.default is None or action.default is argparse.SUPPRESS:
+            return text
+        shown = "off" if isinstance(action, argparse._StoreTrueAction) else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (`vit-hub train: error: ...`) without the
-    usage block above it; `--help` still shows the usage. Subcommands inherit the class."""
+    usage block above it; `--help` still shows the usage and every flag's default
+    (HelpWithDefaults). Subcommands inherit the class."""
+
+    def __init__(self, *args: Any, formatter_class: type = HelpWithDefaults, **kwargs: Any):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

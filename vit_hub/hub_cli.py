@@ -13,16 +13,18 @@ def add_hub_commands(subparsers) -> None:
     push.add_argument("--private", action="store_true", help="make the repo private when this push creates it")
     push.add_argument("--with-onnx", action="store_true",
                       help="also upload model.onnx, model_attentions.onnx (for the app's rollout) and the export report "
-                           "(exported first if model.onnx is missing)")
+                           "that the model dir holds; refused, naming the `python -m export` command, when it has no "
+                           "model.onnx")
     push.add_argument("--revision", help="branch to commit to (default main; created if missing)")
-    push.add_argument("--commit-message")
+    push.add_argument("--commit-message",
+                      help="the commit's message (default: \"Upload vit_hub model from FOLDER\")")
     push.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`); "
                                       "prefer those, a flag is visible to other users of this machine")
     push.add_argument("--overwrite-card", action="store_true",
-                      help="replace a README.md that was edited on the Hub (by default it is kept)")
+                      help="replace a README.md that was edited on the Hub instead of keeping it")
 
     pull = subparsers.add_parser("pull", help="download a vit_hub model repo into a model dir")
-    pull.add_argument("repo_id", metavar="OWNER/NAME")
+    pull.add_argument("repo_id", metavar="OWNER/NAME", help="the Hub model repo to download")
     pull.add_argument("--out", required=True, help="folder to write the model dir to (new or empty)")
     pull.add_argument("--overwrite", action="store_true",
                       help="replace a folder already at --out whole (nothing of it is kept)")

@@ -65,12 +65,12 @@ class TrainSettings:
     `vit-hub train` has one flag per field (cli.py builds them from this class).
 
     Args:
-        data: image folder, 'mnist' (bundled) or a torchvision name.
+        data: image folder, 'mnist' (bundled) or a torchvision name (cli.data_help lists them).
         out: model dir to write.
-        data_root: where torchvision datasets' files are (default: ./data).
+        data_root: where torchvision datasets' files are (default: VIT_HUB_DATA_ROOT, else ./data).
         preset: architecture preset; default: chosen from the data.
         model: overrides of the ViTConfig fields in MODEL_FIELDS (the preset's or the data's choice).
-        epochs: default: about 200k samples seen, 10 to 200 epochs.
+        epochs: passes over the training images; default: about 200k images seen, 10 to 200 epochs.
         batch_size: global batch size (all processes); default 128, smaller on small data
             (about 10 steps an epoch).
         lr: peak learning rate; default 1e-3 (mnist preset 2e-3) x sqrt(batch_size / 128).
@@ -81,7 +81,8 @@ class TrainSettings:
         augment: training augmentation; auto: digits for digit data, photos for larger images.
         val_split: share of training images held out when the data has no val split.
         seed: seeds the split, the initial weights and every augmentation.
-        num_workers: DataLoader workers; default: half the cores.
+        num_workers: DataLoader workers per process; default: on the CPU half the cores, at most 8;
+            on CUDA each process's share of the cores less one, at most 16.
         strict: fail on an unreadable image instead of skipping it.
         compile: torch.compile the training step; default: on CUDA when the run is long enough to
             repay the compile time, off on the CPU.
@@ -89,7 +90,8 @@ class TrainSettings:
         command: the command line that started the run (for the model card).
         init: fine-tune from these weights instead of starting from scratch: a timm or
             transformers ViT or a vit_hub model (Hub repo id or folder); a new head for the
-            data's labels, positions resized to --image-size, fine-tuning defaults (lr, epochs).
+            data's labels, positions resized to --image-size, fine-tuning defaults (lr, epochs);
+            default: none, from scratch.
     """
 
     data: str

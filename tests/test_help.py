@@ -1,0 +1,147 @@
+"""Every command line's --help: each flag says what it does and its default, the top level shows
+examples, and the flags that take a kind of thing (--data, --preset, --param) list the kinds.
+
+The parsers are walked (every subcommand of `vit-hub`, `python -m export`, `app.py`), so a flag
+added without help, or with help that never says its default, fails here by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import app
+from export.__main__ import build_parser as export_parser
+from vit_hub import cli
+from vit_hub.config import PRESETS, ViTConfig
+from vit_hub.data import TORCHVISION_DATASETS
+from vit_hub.sweep import TRAINING_FIELDS
+from vit_hub.train import MODEL_FIELDS, TrainSettings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """{prog: parser} for every command line and every `vit-hub` subcommand."""
+    found = {}
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        found[parser.prog] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    walk(child)
+
+    for parser in (cli.build_parser(), export_parser(), app.build_parser(None)):
+        walk(parser)
+    return found
+
+
+def shown_help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help line --help prints for `action`, defaults filled in."""
+    formatter = parser._get_formatter()
+    return formatter._expand_help(action) if action.help else ""
+
+
+def in_required_group(parser: argparse.ArgumentParser, action: argparse.Action) -> bool:
+    return any(group.required and action in group._group_actions for group in parser._mutually_exclusive_groups)
+
+
+def flags_and_helps() -> list[tuple[str, str, str, argparse.Action, argparse.ArgumentParser]]:
+    """(prog, flag, shown help, action, its parser) for every argument but -h and the commands."""
+    rows = []
+    for prog, parser in parsers().items():
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            name = "/".join(action.option_strings) or action.dest
+            rows.append((prog, name, shown_help(parser, action), action, parser))
+    return rows
+
+
+def test_the_walk_reaches_every_command_line():
+    progs = set(parsers())
+    assert {"python -m export", "vit-hub"} <= progs
+    assert {f"vit-hub {name}" for name in cli.COMMANDS} <= progs
+    assert len(progs) == len(cli.COMMANDS) + 3  # vit-hub, its commands, export, app.py
+
+
+def test_every_argument_says_what_it_does():
+    missing = [f"{prog} {name}" for prog, name, text, _, _ in flags_and_helps() if len(text.strip()) < 12]
+    assert missing == [], f"arguments without help: {missing}"
+
+
+def test_every_optional_flag_says_its_default():
+    """A flag a caller may leave out says what happens then: the value argparse holds (filled in
+    by the shared formatter), "off" for a switch, or in words when it is worked out later."""
+    missing = [f"{prog} {name}: {text!r}" for prog, name, text, action, parser in flags_and_helps()
+               if action.option_strings and not action.required and not in_required_group(parser, action)
+               and "default" not in text.lower()]
+    assert missing == [], "flags whose help gives no default:\n" + "\n".join(missing)
+
+
+def test_a_stated_default_is_the_real_one():
+    """Where the default is a value (argparse's, or the dataclass field's for the flags
+    `vit-hub train` and `sweep` generate from TrainSettings and ViTConfig), --help shows it."""
+    fields = {field.name: field.default for cls in (TrainSettings, ViTConfig) for field in dataclasses.fields(cls)}
+    wrong = []
+    for prog, name, text, action, _ in flags_and_helps():
+        if not action.option_strings:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            expected = "default: off"
+        elif action.default is not None:
+            expected = str(action.default)
+        elif prog in ("vit-hub train", "vit-hub sweep") and fields.get(action.dest) not in (None, dataclasses.MISSING):
+            expected = str(fields[action.dest])
+        else:
+            continue
+        if expected not in text:
+            wrong.append(f"{prog} {name}: {expected!r} not in {text!r}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_top_level_help_shows_three_examples():
+    text = cli.build_parser().format_help()
+    examples = [line for line in text.partition("examples:")[2].splitlines() if line.strip().startswith("vit-hub ")]
+    assert len(examples) == 3, text
+    commands = {line.split()[1] for line in examples}
+    assert commands <= set(cli.COMMANDS) and len(commands) == 3
+
+
+@pytest.mark.parametrize("prog", ["vit-hub train", "vit-hub sweep", "vit-hub eval", "vit-hub inspect"])
+def test_data_lists_what_it_accepts(prog):
+    parser = parsers()[prog]
+    (action,) = [action for action in parser._actions if "--data" in action.option_strings]
+    text = shown_help(parser, action)
+    assert "folder" in text and "mnist" in text
+    assert all(name in text for name in TORCHVISION_DATASETS), text
+
+
+@pytest.mark.parametrize("prog", ["vit-hub train", "vit-hub sweep", "vit-hub info"])
+def test_preset_lists_each_preset_with_its_size(prog):
+    parser = parsers()[prog]
+    (action,) = [action for action in parser._actions if "--preset" in action.option_strings]
+    text = shown_help(parser, action)
+    for name, values in PRESETS.items():
+        assert f"{name} ({values['image_size']} px" in text, text
+
+
+def test_param_lists_every_name_it_accepts():
+    parser = parsers()["vit-hub sweep"]
+    (action,) = [action for action in parser._actions if "--param" in action.option_strings]
+    text = shown_help(parser, action)
+    assert all(name in text for name in MODEL_FIELDS + TRAINING_FIELDS), text
+
+
+def test_the_installed_commands_print_it():
+    """The console script and `python -m export` print the same help, and app.py its own."""
+    for command in ([str(Path(sys.executable).parent / "vit-hub"), "train", "--help"],
+                    [sys.executable, "-m", "export", "--help"], [sys.executable, "app.py", "--help"]):
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0 and "default" in done.stdout and "Traceback" not in done.stderr, done.stderr
