@@ -109,6 +109,31 @@ def test_a_stroke_drawn_with_the_mouse_is_a_one(page):
     expect(page.get_by_test_id("label-output-value")).to_have_text("1", timeout=60_000)
 
 
+@pytest.mark.parametrize("brush_size", [2, 40])
+def test_a_seven_drawn_with_a_thin_or_a_thick_brush_is_a_seven(page, brush_size):
+    """The brush size slider set as a person would: a hairline (2 px of the 400 px canvas)
+    and a marker (40 px) both reach the model as MNIST-width strokes (issue 24)."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Draw").click()
+    canvas = page.locator("#drawing canvas").first
+    expect(canvas).to_be_visible(timeout=30_000)
+    page.get_by_role("button", name="Brush", exact=True).click()
+    page.get_by_role("button", name="Brush Size").click()
+    page.locator("#drawing input[type=range]").fill(str(brush_size))
+    box = canvas.bounding_box()
+    corners = [(0.3, 0.25), (0.7, 0.25), (0.45, 0.8)]  # a seven: the bar, then down to the left
+    points = [(box["x"] + x * box["width"], box["y"] + y * box["height"]) for x, y in corners]
+    page.mouse.move(*points[0])
+    page.mouse.down()
+    for start, end in zip(points, points[1:]):
+        for step in range(1, 16):  # in small moves, as a hand drags
+            page.mouse.move(start[0] + (end[0] - start[0]) * step / 15, start[1] + (end[1] - start[1]) * step / 15)
+    page.mouse.up()
+    page.get_by_role("button", name="Classify drawing").click()
+    expect(page.get_by_test_id("label-output-value")).to_have_text("7", timeout=60_000)
+
+
 def test_a_bundled_sample_clicked_on_the_page_is_classified(page):
     """Examples reach /predict from Gradio's upload folder, the only place the app reads from."""
     from playwright.sync_api import expect
