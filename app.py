@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ctypes
 import functools
 import math
 import os
@@ -37,6 +38,7 @@ from typing import Any, Callable, Protocol
 
 import gradio as gr
 import numpy as np
+from gradio.data_classes import FileData
 from gradio.utils import get_upload_folder
 from PIL import Image
 
@@ -45,7 +47,8 @@ from vit_hub.config import ViTConfig
 from vit_hub.postprocess import softmax, top_k
 from vit_hub.canonical import EmptyImageError, centre_digit
 from vit_hub.insight import ModelViews, compute_views, default_data, head_grid, head_maps, load_pixels, pooled_token
-from vit_hub.preprocess import load_image, model_pixels, open_image, resize, to_model_domain, to_model_mode
+from vit_hub.preprocess import (check_header, load_image, model_pixels, open_image, pixel_limit, resize,
+                                 to_model_domain, to_model_mode)
 from vit_hub.attribution import METHODS, attention_map, blank_pixels, check_method, occlusion
 from vit_hub.rollout import HEAD_FUSIONS, layer_rollouts, overlay
 from vit_hub.space import SpaceSettings, read_settings
@@ -62,6 +65,10 @@ DISPLAY_MAX_SIDE = 1024
 STRIP_TILE_HEIGHT = 96  # height of each tile in the per-layer rollout strip
 MAX_FILE_SIZE = "20mb"
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
+# Largest image a request may send (pixels, read from its header before it is decoded): a 12 MP
+# phone photo fits. Decoding and converting an RGBA image holds about 15 bytes a pixel (16 MP:
+# +244 MB measured), so the requests in flight (CONCURRENCY_LIMIT) hold at most about 1 GB.
+APP_MAX_PIXELS = 16_000_000
 QUEUE_SIZE = 64
 MAX_NAME_CHARS = 80  # of a client's file name, when a message names it
 MAX_PORT = 65535
@@ -215,7 +222,7 @@ def read_upload(upload: dict | str | None) -> Image.Image:
     """
     path, name = uploaded_file(upload)
     try:
-        return load_image(open_image(path, name))
+        return load_image(open_image(path, name, APP_MAX_PIXELS))
     except (OSError, ValueError) as error:
         raise gr.Error(without_paths(str(error))) from None
 
@@ -249,11 +256,30 @@ def client_name(name: str) -> str:
     return base if len(base) <= MAX_NAME_CHARS else base[:MAX_NAME_CHARS - 3] + "..."
 
 
+class Sketchpad(gr.Sketchpad):
+    """gr.Sketchpad whose images (composite, layers, background: files or the blobs the page
+    sends) are checked against APP_MAX_PIXELS from their headers before Gradio decodes them."""
+
+    def convert_and_format_image(self, file: FileData | bytes | None, flatten_on_white: bool = False):
+        if file is not None:
+            try:
+                check_header(file.path if isinstance(file, FileData) else bytes(file), "the drawing", APP_MAX_PIXELS)
+            except ValueError as error:
+                raise gr.Error(without_paths(str(error))) from None
+        return super().convert_and_format_image(file, flatten_on_white)
+
+    def get_block_name(self) -> str:
+        return "imageeditor"  # the page draws it with gr.Sketchpad's own component
+
+    get_block_class = get_block_name
+
+
 def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
     """The sketchpad's value -> the centred digit the model will see.
 
-    Gradio preprocesses it (only files uploaded to this app get through) into PIL images;
-    anything else, such as a path, is refused here rather than opened.
+    Gradio preprocesses it (only files uploaded to this app get through, each checked from
+    its header by `Sketchpad`) into PIL images; anything else, such as a path, is refused
+    here rather than opened.
     """
     composite = (value or {}).get("composite")
     if composite is None:
@@ -383,7 +409,8 @@ def faithfulness_line(model_dir: Path | None, methods: tuple[str, ...]) -> str:
 
 def _user_errors(handler: Callable) -> Callable:
     """Report bad input (ValueError/TypeError from preprocessing or rollout) as gr.Error,
-    with any server path in the message cut to its last part."""
+    with any server path in the message cut to its last part; give the memory the request
+    freed back to the system afterwards."""
     @functools.wraps(handler)
     def wrapped(*args):
         try:
@@ -392,7 +419,20 @@ def _user_errors(handler: Callable) -> Callable:
             raise
         except (ValueError, TypeError) as error:
             raise gr.Error(without_paths(str(error))) from None
+        finally:
+            return_freed_memory()
     return wrapped
+
+
+# glibc keeps the large blocks a request freed (a decoded image) for reuse in its per-thread
+# arenas: after a burst of large uploads the server held 500 MB more than before it.
+# malloc_trim(0) returns them; other C libraries have no such call and need none.
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
+
+
+def return_freed_memory() -> None:
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def without_paths(message: str) -> str:
@@ -457,11 +497,13 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                                 image = gr.Image(type="filepath", label="Image", sources=["upload", "clipboard"],
                                                  height=320, elem_id="upload")
                                 submit = gr.Button("Classify", variant="primary")
+                                gr.Markdown(f"Images of {pixel_limit(APP_MAX_PIXELS)}, files of at most {MAX_FILE_SIZE}.",
+                                            elem_id="upload-limits")
                                 if config.in_channels == 1:  # the bundled samples are MNIST digits
                                     _examples(image)
                             if config.in_channels == 1:
                                 with gr.Tab("Draw"):
-                                    drawing = gr.Sketchpad(
+                                    drawing = Sketchpad(
                                         type="pil", image_mode="RGB", canvas_size=(400, 400), layers=False,
                                         label="Draw a digit (pick the brush on the left first)", elem_id="drawing",
                                         brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),

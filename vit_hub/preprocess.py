@@ -8,9 +8,10 @@ model identical pixels.
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, BinaryIO, Union
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -21,26 +22,32 @@ from .config import ViTConfig
 ImageInput = Union[str, Path, Image.Image, np.ndarray]
 
 # Largest image we agree to decode (pixels), checked from the file's header before decoding.
+# Callers serving untrusted requests pass a lower `max_pixels` (the app: app.APP_MAX_PIXELS).
 MAX_PIXELS = 64_000_000
-PIXEL_LIMIT = f"at most {MAX_PIXELS // 1_000_000} megapixels"
+
+
+def pixel_limit(max_pixels: int = MAX_PIXELS) -> str:
+    """How messages state a pixel limit: "at most 64 megapixels"."""
+    return f"at most {max_pixels / 1e6:g} megapixels"
+
 ORIENTATION_TAG = 0x0112  # EXIF
 
 
-def open_image(path: str | Path, name: str | None = None) -> Image.Image:
+def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """Open and decode an image file; one clear error if it is not a readable image.
 
-    The size is read from the file's header and checked before anything is decoded, so a
-    huge image (or a decompression bomb) is refused without spending memory on it. `name`
-    is how messages call the file (default: its path); the app passes the client's own
-    file name so that no server path reaches a user.
+    The size is read from the file's header and checked against `max_pixels` before
+    anything is decoded, so a huge image (or a decompression bomb) is refused without
+    spending memory on it. `name` is how messages call the file (default: its path); the
+    app passes the client's own file name so that no server path reaches a user.
     """
     path = Path(path)
     shown = str(path) if name is None else name
     if not path.is_file():
         found = "a folder" if path.is_dir() else "nothing"
         raise FileNotFoundError(f"expected an image file at {shown}, found {found}")
-    with _opened(path, shown) as image:
-        check_pixels(*image.size, shown)
+    with _opened(path, shown, max_pixels) as image:
+        check_pixels(*image.size, shown, max_pixels)
         try:
             image.load()
         except (OSError, SyntaxError, ValueError) as error:  # truncated or corrupt data
@@ -50,7 +57,14 @@ def open_image(path: str | Path, name: str | None = None) -> Image.Image:
         return image
 
 
-def _opened(path: Path, shown: str) -> Image.Image:
+def check_header(source: str | Path | bytes, shown: str, max_pixels: int = MAX_PIXELS) -> None:
+    """Refuse an image file (or its bytes) larger than `max_pixels` from its header alone, for
+    code that decodes it afterwards itself (Gradio's sketchpad)."""
+    with _opened(io.BytesIO(source) if isinstance(source, bytes) else Path(source), shown, max_pixels) as image:
+        check_pixels(*image.size, shown, max_pixels)
+
+
+def _opened(path: Path | BinaryIO, shown: str, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """Image.open (reads the header only), with its failures as one-line errors."""
     try:
         with warnings.catch_warnings():
@@ -58,7 +72,7 @@ def _opened(path: Path, shown: str) -> Image.Image:
             return Image.open(path)
     except Image.DecompressionBombError:
         found = f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0) / 1e6:.0f} megapixels"
-        raise ValueError(f"{shown} is too large: expected {PIXEL_LIMIT}, found {found}") from None
+        raise ValueError(f"{shown} is too large: expected {pixel_limit(max_pixels)}, found {found}") from None
     except UnidentifiedImageError:
         raise ValueError(f"{shown} is not a readable image: expected a format Pillow reads "
                          f"(PNG, JPEG, WebP, BMP, TIFF, ...), found none it recognises") from None
@@ -67,10 +81,10 @@ def _opened(path: Path, shown: str) -> Image.Image:
                          f"that cannot ({error.strerror or type(error).__name__})") from None
 
 
-def check_pixels(width: int, height: int, shown: str = "the image") -> None:
-    """An image larger than MAX_PIXELS is refused (before decoding, when read from a file)."""
-    if width * height > MAX_PIXELS:
-        raise ValueError(f"{shown} is too large: expected {PIXEL_LIMIT}, "
+def check_pixels(width: int, height: int, shown: str = "the image", max_pixels: int = MAX_PIXELS) -> None:
+    """An image larger than `max_pixels` is refused (before decoding, when read from a file)."""
+    if width * height > max_pixels:
+        raise ValueError(f"{shown} is too large: expected {pixel_limit(max_pixels)}, "
                          f"found {width}x{height} ({width * height / 1e6:.0f} megapixels)")
 
 

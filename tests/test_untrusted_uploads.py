@@ -1,0 +1,207 @@
+"""The app's uploads are untrusted (issue 25, items 2 and 3).
+
+Every image a request sends (/predict and /predict_labels' upload, /predict_drawing's
+composite, layers and background) is checked against app.APP_MAX_PIXELS from its header
+before anything decodes it, so a few hundred kilobytes of PNG cannot make the server decode
+64 megapixels; the requests in flight are at most app.CONCURRENCY_LIMIT, so a burst of hostile
+requests keeps memory bounded, and memory comes back after it. Hostile images are written row
+by row (kilobytes on disk).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from conftest import free_port
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+import app  # noqa: E402
+from vit_hub.preprocess import MAX_PIXELS, pixel_limit  # noqa: E402
+
+BUNDLED_MODEL = ROOT / "models" / "vit-mnist"
+SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"
+CONTROLS = ("mean", 0.0, 3, "rollout")  # head fusion, discard ratio, top-k, method
+
+
+def blank_png(path: Path, width: int, height: int, rgba: bool = False) -> Path:
+    """A genuine PNG of any size, compressed row by row: kilobytes on disk however many
+    megapixels it decodes to. 1-bit grayscale, or 8-bit RGBA (4 bytes a pixel decoded)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row = b"\x00" * (1 + (4 * width if rgba else (width + 7) // 8))  # filter byte + pixels
+    compressor = zlib.compressobj(9)
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0) if rgba else \
+        struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+    return path
+
+
+def digit_rgba(path: Path, side: int) -> Path:
+    """A large RGBA image the app accepts: a dark square on white, side x side pixels."""
+    image = Image.new("RGBA", (side, side), (255, 255, 255, 255))
+    image.paste((0, 0, 0, 255), (side // 3, side // 4, side // 2, 3 * side // 4))
+    image.save(path)
+    return path
+
+
+def assert_one_line(message: str, *fragments: str) -> str:
+    lines = message.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in message, message
+    assert "expected" in lines[0] and re.search(r"\b(found|got)\b", lines[0]), message
+    for fragment in fragments:
+        assert fragment in lines[0], message
+    return lines[0]
+
+
+# Through a server in this process --------------------------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    threads = torch.get_num_threads()
+    demo = app.build_demo(app.TorchPredictor.load(BUNDLED_MODEL))
+    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield url
+    demo.close()
+    torch.set_num_threads(threads)
+
+
+def upload(url: str, path: Path) -> dict:
+    """Upload a file as the page does; returns the file data a request sends."""
+    with open(path, "rb") as handle:
+        response = httpx.post(f"{url}gradio_api/upload", files={"files": (path.name, handle)}, timeout=60)
+    response.raise_for_status()
+    return {"path": response.json()[0], "orig_name": path.name, "meta": {"_type": "gradio.FileData"}}
+
+
+def call(url: str, endpoint: str, data: list) -> tuple[str, object]:
+    """POST /gradio_api/call/ENDPOINT, then read its event stream: (last event, its data)."""
+    response = httpx.post(f"{url}gradio_api/call/{endpoint}", json={"data": data}, timeout=120)
+    response.raise_for_status()
+    stream = httpx.get(f"{url}gradio_api/call/{endpoint}/{response.json()['event_id']}", timeout=120).text
+    event, payload = re.findall(r"^event: (\w+)\ndata: (.*)$", stream, re.MULTILINE)[-1]
+    return event, json.loads(payload)
+
+
+def assert_refused(url: str, event: str, data, *fragments: str) -> None:
+    assert event == "error", data
+    assert_one_line(data["error"], *fragments)
+    event, data = call(url, "predict", [upload(url, SAMPLE), *CONTROLS])  # still serving
+    assert event == "complete" and data[0]["label"] == "7", data
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("hostile_uploads")
+    return {"13000x13000 composite": blank_png(folder / "composite.png", 13_000, 13_000),  # the issue's 118 KB PNG
+            "20 megapixels": blank_png(folder / "twenty.png", 5_000, 4_000),  # under training's 64, over the app's 16
+            "64 megapixel RGBA": blank_png(folder / "rgba.png", 8_000, 8_000, rgba=True)}
+
+
+@pytest.mark.parametrize("part", ["composite", "layers", "background"])
+def test_each_part_of_a_drawing_is_checked_before_gradio_decodes_it(server, hostile, part):
+    """Gradio decodes the sketchpad's images before the handler runs: a 13000x13000 composite
+    cost +760 MB a request. Now each is refused from its header, by the app's limit."""
+    fine, huge = upload(server, SAMPLE), upload(server, hostile["13000x13000 composite"])
+    drawing = {"background": fine, "layers": [fine], "composite": fine}
+    drawing[part] = [huge] if part == "layers" else huge
+    event, data = call(server, "predict_drawing", [drawing, *CONTROLS])
+    assert_refused(server, event, data, f"the drawing is too large: expected {pixel_limit(app.APP_MAX_PIXELS)}",
+                   "found 13000x13000")
+
+
+@pytest.mark.parametrize("endpoint", ["predict", "predict_labels"])
+def test_uploads_over_the_apps_limit_are_refused_from_the_header(server, hostile, endpoint):
+    controls = CONTROLS if endpoint == "predict" else (3,)
+    event, data = call(server, endpoint, [upload(server, hostile["20 megapixels"]), *controls])
+    assert app.APP_MAX_PIXELS < 20_000_000 < MAX_PIXELS
+    assert_refused(server, event, data, f"twenty.png is too large: expected {pixel_limit(app.APP_MAX_PIXELS)}",
+                   "found 5000x4000")
+
+
+def test_the_sketchpads_blobs_are_checked_too(hostile):
+    """The page sends its drawing as blobs (accept_blobs), which Gradio decodes from bytes."""
+    sketchpad = app.Sketchpad(type="pil", image_mode="RGB")
+    with pytest.raises(gr.Error) as error:
+        sketchpad.convert_and_format_image(hostile["13000x13000 composite"].read_bytes(), flatten_on_white=True)
+    assert_one_line(error.value.message, "the drawing is too large")
+    drawn = sketchpad.convert_and_format_image(SAMPLE.read_bytes(), flatten_on_white=True)
+    assert isinstance(drawn, Image.Image) and drawn.size == (28, 28)
+
+
+def test_the_page_states_the_limit(server):
+    assert f"Images of {pixel_limit(app.APP_MAX_PIXELS)}, files of at most" in httpx.get(f"{server}config", timeout=60).text
+
+
+# A burst against a server in its own process ------------------------------------------------
+SERVE = """
+import sys, torch
+sys.path.insert(0, {root!r})
+import app
+demo = app.build_demo(app.TorchPredictor.load({model!r}))
+app.serve(demo, port={port}, quiet=True, prevent_thread_lock=True)
+print("ready", flush=True)
+sys.stdin.read()  # until the test closes it
+"""
+
+
+def rss_mb(pid: int) -> tuple[int, int]:
+    """(resident now, peak resident) of a process, in MB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return tuple(int(re.search(rf"^{key}:\s+(\d+) kB", status, re.MULTILINE).group(1)) // 1024
+                 for key in ("VmRSS", "VmHWM"))
+
+
+@pytest.mark.slow
+def test_100_hostile_requests_50_at_a_time_keep_memory_bounded_and_give_it_back(hostile, tmp_path):
+    """The issue: 100 requests of a 264 KB 64 MP RGBA PNG, 50 at a time, passed 4 GB in 25 s
+    and 3.5 GB stayed in use. Here, with drawings of 13000x13000 and images the app accepts
+    (16 MP RGBA, the most one request may decode) among them."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    server = subprocess.Popen([sys.executable, "-c", SERVE.format(root=str(ROOT), model=str(BUNDLED_MODEL), port=port)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        url = f"http://127.0.0.1:{port}/"
+        largest_accepted = digit_rgba(tmp_path / "accepted.png", int(app.APP_MAX_PIXELS ** 0.5))
+        assert call(url, "predict", [upload(url, largest_accepted), *CONTROLS])[0] == "complete"  # warm
+        start, _ = rss_mb(server.pid)
+
+        def request(index: int) -> str:
+            if index % 10 == 0:  # 10 images as large as the app accepts
+                return call(url, "predict", [upload(url, largest_accepted), *CONTROLS])[0]
+            if index % 2:  # 45 of the issue's 64 MP RGBA PNGs
+                return call(url, "predict", [upload(url, hostile["64 megapixel RGBA"]), *CONTROLS])[0]
+            huge = upload(url, hostile["13000x13000 composite"])  # 45 drawings of 169 MP
+            return call(url, "predict_drawing", [{"background": None, "layers": [], "composite": huge}, *CONTROLS])[0]
+
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            events = list(pool.map(request, range(100)))
+        after, peak = rss_mb(server.pid)
+    finally:
+        server.stdin.close()
+        server.terminate()
+        server.wait(timeout=60)
+    assert events.count("complete") == 10 and events.count("error") == 90
+    # At most CONCURRENCY_LIMIT requests decode at once, each at most APP_MAX_PIXELS (~244 MB for RGBA).
+    assert peak - start < 1500, (start, peak, after)
+    assert after - start < 200, (start, peak, after)
