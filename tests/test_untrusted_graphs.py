@@ -236,6 +236,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_graph_the_exporter_writes_passes_within_the_stated_margins(variant, tmp_path, monkeypatch):
     """graph_check.py says: no value above 1x the config's largest activation, all values
