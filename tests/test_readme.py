@@ -1,10 +1,11 @@
-"""Every shell block of README.md, run as written by bash from the repo root after the README's
-activation line, with a PATH that does not hold the venv (as in a new shell).
+"""Every shell block of README.md and docs/*.md, run as written by bash from the repo root after
+the README's activation line, with a PATH that does not hold the venv (as in a new shell).
 
 Placeholders and long runs are filled in with tiny settings: each block has an entry in
-RUNNERS (keyed by its first line) naming the substitutions made, and every substitution must
-still match the README, so a reworded block fails here until its runner is updated. The
-README's Python blocks run through pytest-markdown-docs (fixtures in ../conftest.py).
+RUNNERS (keyed by its first line, unique across the pages) naming the substitutions made, and
+every substitution must still match the page, so a reworded block fails here until its runner
+is updated. The pages' Python blocks run through pytest-markdown-docs (fixtures in
+../conftest.py; pyproject's testpaths name README.md and docs/).
 
 Nothing here writes into the repo: `runs/` goes to a temporary folder, and the bundled model
 and samples are checked unchanged afterwards.
@@ -34,6 +35,7 @@ from hub_double import HubDouble
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]  # every page whose blocks run here
 ACTIVATE = ". .venv/bin/activate"
 VENV_BIN = REPO / ".venv" / "bin"
 TOKEN = "hf_vitHubReadmeToken0123456789abcdef"
@@ -44,17 +46,24 @@ TINY_SWEEP = "--image-size 16 --patch-size 4 --embed-dim 16 --depth 1 --batch-si
 MNIST_RAW = REPO / "vit_hub" / "bundled" / "MNIST" / "raw"
 
 
-# Reading the README --------------------------------------------------------------------------
+# Reading the pages ---------------------------------------------------------------------------
+def fences(page: Path, language: str) -> list[str]:
+    """The text of every ```language block of a page, in order."""
+    tokens = MarkdownIt("commonmark").parse(page.read_text(encoding="utf-8"))
+    return [token.content for token in tokens if token.type == "fence" and token.info.split()[:1] == [language]]
+
+
 def bash_blocks() -> dict[str, str]:
-    """{first line: block text} for every ```bash block."""
-    tokens = MarkdownIt("commonmark").parse(README.read_text(encoding="utf-8"))
-    blocks = [token.content for token in tokens if token.type == "fence" and token.info.split()[:1] == ["bash"]]
-    return {block.splitlines()[0].strip(): block for block in blocks}
+    """{first line: block text} for every ```bash block of every page."""
+    blocks = [block for page in PAGES for block in fences(page, "bash")]
+    first_lines = [block.splitlines()[0].strip() for block in blocks]
+    assert len(set(first_lines)) == len(first_lines), f"two bash blocks start alike: {first_lines}"
+    return dict(zip(first_lines, blocks))
 
 
 def block(first_line: str) -> str:
     blocks = bash_blocks()
-    assert first_line in blocks, f"README.md has no bash block starting with {first_line!r}"
+    assert first_line in blocks, f"no page has a bash block starting with {first_line!r}"
     return blocks[first_line]
 
 
@@ -135,6 +144,7 @@ def tiny_mnist(tmp_path_factory) -> Path:
 # The blocks -----------------------------------------------------------------------------------
 SETUP = "make app    # installs into .venv, then serves the Gradio app on the bundled MNIST model: http://127.0.0.1:7860"
 ACTIVATION = "make install            # once (make app and make test do it too): the package and its commands into .venv"
+QUICK_START = "vit-hub train --data path/to/folder --out runs/scratch     # from scratch; folder/<class>/<image>"
 TRAIN = "vit-hub train --data path/to/folder --out runs/my-model"
 AFTER_TRAIN = "vit-hub train --resume --out runs/my-model          # continue (also after Ctrl-C): same result as uninterrupted"
 BUNDLED = "vit-hub train --data mnist --preset mnist --epochs 60 --out runs/vit-mnist"
@@ -143,15 +153,21 @@ HUB = "export HF_TOKEN=hf_...            # or `hf auth login`, or --token (a fla
 DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same way"
 TWO_MACHINES = "# two machines, 8 GPUs each: run this on both, HOST being the first machine's address, with"
 PRETRAINED = "vit-hub import timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --out runs/vit-base"
-RUNNERS = {SETUP, ACTIVATION, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES, PRETRAINED}
+RUNNERS = {SETUP, ACTIVATION, QUICK_START, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES, PRETRAINED}
 
 
 def test_every_bash_block_has_a_runner():
-    assert set(bash_blocks()) == RUNNERS, "a README bash block was added, removed or reworded: update RUNNERS"
+    assert set(bash_blocks()) == RUNNERS, "a bash block was added, removed or reworded: update RUNNERS"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    readme = README.read_text(encoding="utf-8")
+    assert [page.name for page in PAGES[1:] if f"](docs/{page.name})" not in readme] == []
 
 
 def test_the_readme_starts_with_the_two_setup_commands():
-    """`make test` is what CI runs (.ci/run); `make app` is run below."""
+    """The README's first block; `make test` is what CI runs (.ci/run); `make app` is run below."""
+    assert fences(README, "bash")[0] == block(SETUP) and README.read_text().index("```bash") < 20
     lines = [line.split("#")[0].strip() for line in block(SETUP).splitlines()]
     assert lines == ["make app", "make test"]
     assert "make test" in (REPO / ".ci" / "run").read_text()
@@ -289,6 +305,54 @@ def test_pretrained_block_against_a_local_hub(folder, tmp_path):
     assert f"{photo}: " in out  # one line of ImageNet labels for the photo
     tuned = json.loads((tmp_path / "runs" / "my-fine-tuned" / "source.json").read_text())
     assert (tuned["kind"], tuned["source"]) == ("fine-tuned", "google/vit-base-patch16-224-in21k")
+
+
+# Waits for the app the quick start serves (its port in argv[1]), then returns.
+WAIT_FOR_APP = ("import sys, time, urllib.request\n"
+                "for _ in range(240):\n"
+                "    try: urllib.request.urlopen(f'http://127.0.0.1:{sys.argv[1]}/', timeout=5); break\n"
+                "    except OSError: time.sleep(1)\n"
+                "else: sys.exit('the app never answered')\n")
+
+
+@pytest.mark.slow
+def test_quick_start_from_scratch_and_pretrained_to_the_app(folder, tmp_path):
+    """The README's quick start, each run cut to one epoch: the --init repo is a small random
+    timm ViT saved as timm saves it, served with the push target by the local Hub stand-in;
+    the app is served on a free port until it answers, then stopped."""
+    import timm  # test dependency: a missing one fails, never skips
+    from huggingface_hub import HfApi
+
+    source = tmp_path / "timm"
+    timm.models.save_for_hf(timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                                              embed_dim=32, depth=2, num_heads=2),
+                            source, safe_serialization=True)
+    photo = tmp_path / "photo.jpg"
+    Image.fromarray((np.random.default_rng(0).random((60, 80, 3)) * 255).astype(np.uint8)).save(photo)
+    port = free_port()
+    serve = "python app.py --model runs/tuned --backend onnx"
+    script_file = tmp_path / "wait_for_app.py"
+    script_file.write_text(WAIT_FOR_APP)
+    text = substitute(block(QUICK_START), [
+        ("path/to/folder --out runs/scratch", f"{folder} --out runs/scratch {TINY} --epochs 1"),
+        ("--init timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+         "--init timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k --epochs 1 --workers 0"),
+        ("path/to/folder", str(folder)), ("path/to/photo.jpg", str(photo)),
+        (serve, f"{serve} --port {port} & app=$!; python {script_file} {port}; kill $app; wait $app || true"),
+        ("runs/", f"{tmp_path}/runs/")])
+    with HubDouble(TOKEN) as hub:
+        api = HfApi(endpoint=hub.url, token=TOKEN)
+        api.create_repo("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k")
+        api.upload_folder(repo_id="timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", folder_path=source)
+        out = run_block(text, shell_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="0",
+                                        HF_TOKEN=TOKEN), timeout=900).stdout
+    assert (tmp_path / "runs" / "scratch" / "model.safetensors").is_file()
+    tuned = json.loads((tmp_path / "runs" / "tuned" / "source.json").read_text())
+    assert tuned["source"] == "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    assert json.loads(next(line for line in out.splitlines() if line.startswith('{"accuracy"')))["n"] > 0
+    assert f"{photo}: " in out
+    pushed = [commit for commit in hub.commits if "model.onnx" in commit.files]
+    assert len(pushed) == 1 and "model_attentions.onnx" in pushed[0].files
 
 
 @pytest.mark.slow
