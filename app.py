@@ -392,9 +392,9 @@ def opening_method(predictor: Predictor) -> str:
     return DEFAULT_METHOD if DEFAULT_METHOD in predictor.methods else ONNX_DEFAULT_METHOD
 
 
-def faithfulness_line(model_dir: Path | None, methods: tuple[str, ...]) -> str:
-    """One line: each method's deletion and insertion AUC as bench/faithfulness.py measured them
-    on this model (its faithfulness.json), or where to find that out."""
+def faithfulness_table(model_dir: Path | None, methods: tuple[str, ...]) -> str:
+    """Markdown: each method's deletion and insertion AUC as bench/faithfulness.py measured them
+    on this model (its faithfulness.json), a row per method, or where to find that out."""
     measured = measured_faithfulness(model_dir)
     if measured is None:
         return ("How faithful each method is was not measured for this model (`bench/faithfulness.py --write "
@@ -402,9 +402,11 @@ def faithfulness_line(model_dir: Path | None, methods: tuple[str, ...]) -> str:
     rows = measured["methods"]
     named = [(METHODS[name].label, rows[name]) for name in methods if name in rows]
     named += [(name.split(" (")[0].split(":")[0], row) for name, row in rows.items() if name not in METHODS]
-    cells = "; ".join(f"{label} {row['deletion_auc']:.3f} / {row['insertion_auc']:.3f}" for label, row in named)
-    return (f"Faithfulness on {measured['images']} test images (bench/faithfulness.py: blank the patches the map "
-            f"ranks first; deletion AUC, lower is better / insertion AUC, higher is better): {cells}.")
+    table = "\n".join(f"| {label} | {row['deletion_auc']:.3f} | {row['insertion_auc']:.3f} |" for label, row in named)
+    return (f"Measured on {measured['images']} test images by `bench/faithfulness.py`: blank the patches a map "
+            f"ranks first and see how fast the predicted class's probability falls (deletion AUC, lower is "
+            f"better), or restore them first and see how fast it comes back (insertion AUC, higher is better).\n\n"
+            f"| method | deletion AUC | insertion AUC |\n|---|---|---|\n{table}")
 
 
 def _user_errors(handler: Callable) -> Callable:
@@ -477,16 +479,18 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
 
     with gr.Blocks(title="vit_hub: what the ViT looks at", analytics_enabled=False,
                    delete_cache=(600, 3600)) as demo:
-        gr.Markdown(
-            f"## vit_hub: what the Vision Transformer looks at\n"
-            f"{config.num_classes} classes, {config.image_size[0]}x{config.image_size[1]} input, "
-            f"{config.depth} layers; backend: {predictor.description}. The overlay ranks the patches by "
-            f"how much they support the predicted class, by the method chosen under Explanation. It opens "
-            f"with {METHODS[default_method].label}: {METHODS[default_method].meaning}.\n\n"
-            f"{faithfulness_line(predictor.model_dir, predictor.methods)}"
-            + ("" if len(predictor.methods) == len(METHODS) else
-               "\n\nThe methods that need gradients are offered with `--backend torch` only.")
-        )
+        drawn = " or draw a digit" if config.in_channels == 1 else ""
+        gr.Markdown(f"## vit_hub: what the Vision Transformer looks at\nUpload an image{drawn}: the model names "
+                    f"what it sees, and the map shows which patches made it say so.")
+        with gr.Accordion("How faithful is this map?", open=False):
+            gr.Markdown(
+                f"The map opens with **{METHODS[default_method].label}**: {METHODS[default_method].meaning}; "
+                f"Explanation changes the method. The model: {config.num_classes} classes, "
+                f"{config.image_size[0]}x{config.image_size[1]} input, {config.depth} layers, on "
+                f"{predictor.description}.\n\n{faithfulness_table(predictor.model_dir, predictor.methods)}"
+                + ("" if len(predictor.methods) == len(METHODS) else
+                   "\n\nThe methods that need gradients are offered with `--backend torch` only.")
+            )
         views = _views_or_error(predictor)  # computed once, at start-up
         with gr.Tabs():
             with gr.Tab("Classify"):

@@ -219,8 +219,10 @@ def test_every_method_answers_and_the_page_says_how_faithful_each_measured(serve
     best = max(quick, key=lambda name: measured[name]["insertion_auc"] - measured[name]["deletion_auc"])
     assert best == "integrated_gradients_rollout"  # on the bundled model (BENCHMARKS.md)
     row = measured[best]
-    assert f"{METHODS[best].label} {row['deletion_auc']:.3f} / {row['insertion_auc']:.3f}" in page
-    assert f"It opens with {METHODS[best].label}" in page
+    assert f"| {METHODS[best].label} | {row['deletion_auc']:.3f} | {row['insertion_auc']:.3f} |" in page
+    assert f"opens with **{METHODS[best].label}**" in page
+    (accordion,) = [block for block in demo.blocks.values() if isinstance(block, gr.Accordion)]
+    assert accordion.label == "How faithful is this map?" and accordion.open is False
 
 
 def test_the_onnx_backend_offers_the_maps_without_gradients_and_says_why(predictor):

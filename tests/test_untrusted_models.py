@@ -314,7 +314,7 @@ def test_a_faithfulness_json_the_page_cannot_use_falls_back_to_the_default_with_
     with pytest.warns(UserWarning, match="faithfulness.json not used, the page opens with the default method"):
         assert app.opening_method(predictor) == app.DEFAULT_METHOD
     with pytest.warns(UserWarning):
-        assert "was not measured for this model" in app.faithfulness_line(predictor.model_dir, predictor.methods)
+        assert "was not measured for this model" in app.faithfulness_table(predictor.model_dir, predictor.methods)
 
 
 # Item 13: the model card escapes labels and folder names ------------------------------------------------
