@@ -256,22 +256,25 @@ def client_name(name: str) -> str:
     return base if len(base) <= MAX_NAME_CHARS else base[:MAX_NAME_CHARS - 3] + "..."
 
 
-class Sketchpad(gr.Sketchpad):
+def checked_sketchpad(**options: Any) -> gr.Sketchpad:
     """gr.Sketchpad whose images (composite, layers, background: files or the blobs the page
-    sends) are checked against APP_MAX_PIXELS from their headers before Gradio decodes them."""
+    sends) are checked against APP_MAX_PIXELS from their headers before Gradio decodes them.
+    The check wraps the instance's decoding rather than subclassing: Gradio writes a .pyi stub
+    beside the module of every component subclass, and the app writes nowhere but its temp
+    and upload folders (a Space's folder stays as it was pushed)."""
+    sketchpad = gr.Sketchpad(**options)
+    decode = sketchpad.convert_and_format_image
 
-    def convert_and_format_image(self, file: FileData | bytes | None, flatten_on_white: bool = False):
+    def checked_decode(file: FileData | bytes | None, flatten_on_white: bool = False):
         if file is not None:
             try:
                 check_header(file.path if isinstance(file, FileData) else bytes(file), "the drawing", APP_MAX_PIXELS)
             except ValueError as error:
                 raise gr.Error(without_paths(str(error))) from None
-        return super().convert_and_format_image(file, flatten_on_white)
+        return decode(file, flatten_on_white)
 
-    def get_block_name(self) -> str:
-        return "imageeditor"  # the page draws it with gr.Sketchpad's own component
-
-    get_block_class = get_block_name
+    sketchpad.convert_and_format_image = checked_decode
+    return sketchpad
 
 
 def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
@@ -507,7 +510,7 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
                                     _examples(image)
                             if config.in_channels == 1:
                                 with gr.Tab("Draw"):
-                                    drawing = Sketchpad(
+                                    drawing = checked_sketchpad(
                                         type="pil", image_mode="RGB", canvas_size=(400, 400), layers=False,
                                         label="Draw a digit (pick the brush on the left first)", elem_id="drawing",
                                         brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),

@@ -139,7 +139,7 @@ def test_uploads_over_the_apps_limit_are_refused_from_the_header(server, hostile
 
 def test_the_sketchpads_blobs_are_checked_too(hostile):
     """The page sends its drawing as blobs (accept_blobs), which Gradio decodes from bytes."""
-    sketchpad = app.Sketchpad(type="pil", image_mode="RGB")
+    sketchpad = app.checked_sketchpad(type="pil", image_mode="RGB")
     with pytest.raises(gr.Error) as error:
         sketchpad.convert_and_format_image(hostile["13000x13000 composite"].read_bytes(), flatten_on_white=True)
     assert_one_line(error.value.message, "the drawing is too large")
