@@ -323,7 +323,7 @@ def train_cli(data: Path, out: Path, *extra) -> tuple[int, str]:
     (["--device", "tpu"], "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
     (["--workers", "100000"], "--workers: expected a count from 0 to 64, got 100000"),
     (["--mean", "nan"], "mean: expected finite numbers, got [nan, nan, nan]"),
-    (["--mlp-ratio", "inf"], "mlp_ratio: expected a positive ratio (hidden width >= 1), got inf"),
+    (["--mlp-ratio", "inf"], "mlp_ratio: expected a positive ratio (hidden width embed_dim x mlp_ratio from 1 to 65,536), got inf"),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else None)
 def test_settings_that_train_to_nan_or_cannot_run_are_refused(train_folder, tmp_path, flags, fragment):
     code, stderr = train_cli(train_folder, tmp_path / "out", *flags)
