@@ -23,9 +23,8 @@ A refusal (the app's gr.Error, such as "blank image", or a ValueError of preproc
 as wrong and is also counted as refused. Printed: a Markdown table per writer with totals
 per group, the CNN's MNIST test accuracy, and the images the ViT (torch /predict) gets wrong
 that the CNN gets right and the reverse, with both predictions. `--json` writes per-image
-records. The CNN's weights are cached in `--cache` under a name hashing all they depend on
-(the recipe, the config's preprocessing fields, the source of vit_hub's canonical.py and
-preprocess.py), so a re-run with the same canonicalisation only scores.
+records. The CNN's weights are cached in `--cache` under a name hashing the recipe and the
+canonical pixels of 256 MNIST digits, so a re-run with the same canonicalisation only scores.
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # app.py and bench/ live at the top level
 
 from bench.digit_uploads import live_app, top_labels  # noqa: E402
-from vit_hub import canonical, preprocess as preprocessing  # noqa: E402
 from vit_hub.config import ViTConfig  # noqa: E402
 from vit_hub.console import OneLineErrorParser, run_reporting_errors  # noqa: E402
 from vit_hub.postprocess import softmax  # noqa: E402
@@ -66,9 +64,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 WRITER_MARK = "__"  # <owner>+<name>__<file>
 LAYOUT = "<group>/<label>/<owner>+<name>__<file>"
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "vit_hub_real_uploads"
-# What the CNN's inputs depend on in the ViT's config (the cache file's name hashes them).
-PREPROCESSING_FIELDS = ("image_size", "in_channels", "canonicalize", "interpolation", "mean", "std",
-                        "pixel_norm", "labels")
+FINGERPRINT_DIGITS = 256  # MNIST training digits whose canonical pixels name the CNN's cache file
 CANONICAL_WORKERS = 2
 CANONICAL_CHUNK = 2000  # MNIST digits per task sent to a worker
 BATCH = 128
@@ -172,15 +168,19 @@ def small_cnn(config: ViTConfig) -> nn.Sequential:
     )
 
 
-def cache_file(cache: Path, config: ViTConfig, epochs: int, seed: int) -> Path:
-    """Where the CNN trained for this config's preprocessing and this recipe is kept."""
-    recipe = {
-        "net": repr(small_cnn(config)), "epochs": epochs, "seed": seed, "batch": BATCH,
-        "learning_rate": LEARNING_RATE, "weight_decay": WEIGHT_DECAY,
-        "preprocessing": {field: getattr(config, field) for field in PREPROCESSING_FIELDS},
-        "code": [hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()
-                 for module in (canonical, preprocessing)],
-    }
+def pixels_fingerprint(split, config: ViTConfig) -> str:
+    """SHA-256 of FINGERPRINT_DIGITS digits of `split`, spread over it, as the config's pipeline
+    feeds them: what the CNN learns from changes only if this changes (the canonicalisation's
+    code or the config's size, mode, mean or std), whatever else is edited around them."""
+    step = len(split) // FINGERPRINT_DIGITS
+    digits = np.stack([np.asarray(split[index][0]) for index in range(0, step * FINGERPRINT_DIGITS, step)])
+    return hashlib.sha256(_canonical_chunk(digits, config).tobytes()).hexdigest()
+
+
+def cache_file(cache: Path, config: ViTConfig, fingerprint: str, epochs: int, seed: int) -> Path:
+    """Where the CNN trained by this recipe on pixels with this fingerprint is kept."""
+    recipe = {"net": repr(small_cnn(config)), "pixels": fingerprint, "epochs": epochs, "seed": seed,
+              "batch": BATCH, "learning_rate": LEARNING_RATE, "weight_decay": WEIGHT_DECAY}
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     return cache / f"small_cnn_{digest}.safetensors"
 
@@ -234,7 +234,8 @@ def reference_cnn(config: ViTConfig, cache: Path, epochs: int, seed: int) -> tup
 
     from vit_hub.data import load_splits
 
-    path = cache_file(cache, config, epochs, seed)
+    splits = load_splits("mnist", val_split=0.0)
+    path = cache_file(cache, config, pixels_fingerprint(splits.train, config), epochs, seed)
     cnn = small_cnn(config).eval()
     if path.is_file():
         cnn.load_state_dict(load_file(path))
@@ -242,7 +243,6 @@ def reference_cnn(config: ViTConfig, cache: Path, epochs: int, seed: int) -> tup
             accuracy = float(weights.metadata()["mnist_test_accuracy"])
         print(f"CNN: cached {path.name} (MNIST test {accuracy:.4f})")
         return cnn, accuracy
-    splits = load_splits("mnist", val_split=0.0)
     started = time.perf_counter()
     (train_pixels, train_labels), (test_pixels, test_labels) = (canonical_split(split, config)
                                                                 for split in (splits.train, splits.test))
@@ -319,28 +319,40 @@ def markdown_table(writers: list[dict], groups: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def differences(rows: list[dict], first: str, second: str) -> list[str]:
-    """Lines naming the images `first` gets wrong and `second` gets right, with both answers."""
+def differences(rows: list[dict], first: str, second: str, second_right: bool = True) -> list[str]:
+    """Lines naming the images `first` gets wrong and `second` gets right (or also wrong:
+    second_right=False), with both answers."""
     return [f"  {row['file']} (label {row['label']}): {ROUTES[first]} {Answer(**row[first]).shown()}, "
             f"{ROUTES[second]} {Answer(**row[second]).shown()}"
-            for row in rows if row[first]["predicted"] != row["label"] and row[second]["predicted"] == row["label"]]
+            for row in rows if row[first]["predicted"] != row["label"]
+            and (row[second]["predicted"] == row["label"]) == second_right]
+
+
+def disagreements(rows: list[dict]) -> list[str]:
+    """Lines naming the images the app's routes (torch, ONNX, sketchpad) answer differently."""
+    routes = [route for route in ("torch", "onnx", "sketch") if route in rows[0]]
+    return [f"  {row['file']} (label {row['label']}): "
+            + ", ".join(f"{ROUTES[route]} {Answer(**row[route]).shown()}" for route in routes)
+            for row in rows if len({row[route]["predicted"] for route in routes}) > 1]
 
 
 def report(rows: list[dict], cnn_accuracy: float) -> str:
-    writers, groups = tallies(rows)
-    sections = [markdown_table(writers, groups),
-                f"\nCNN (small_cnn, the same canonicalisation): MNIST test {cnn_accuracy:.4f}"]
-    for first, second in (("torch", "cnn"), ("cnn", "torch")):
-        found = differences(rows, first, second)
-        sections.append(f"\n{ROUTES[first]} wrong, {ROUTES[second]} right: {len(found)}")
-        sections += found
-    app_routes = [route for route in ("torch", "onnx", "sketch") if route in rows[0]]
-    split = [row for row in rows if len({row[route]["predicted"] for route in app_routes}) > 1]
-    sections.append(f"\nThe app's routes disagree: {len(split)}")
-    sections += [f"  {row['file']} (label {row['label']}): "
-                 + ", ".join(f"{ROUTES[route]} {Answer(**row[route]).shown()}" for route in app_routes)
-                 for row in split]
-    return "\n".join(sections)
+    """The table, the CNN's MNIST accuracy, and the images behind the differences."""
+    lines = [markdown_table(*tallies(rows)), "", f"CNN (small_cnn, the same canonicalisation): MNIST test "
+             f"{cnn_accuracy:.4f}"]
+    for title, found in (("ViT (/predict torch) wrong, CNN right", differences(rows, "torch", "cnn")),
+                         ("CNN wrong, ViT right", differences(rows, "cnn", "torch")),
+                         ("both wrong", differences(rows, "torch", "cnn", second_right=False)),
+                         ("the app's routes disagree", disagreements(rows))):
+        lines += ["", f"{title}: {len(found)}", *found]
+    return "\n".join(lines)
+
+
+def positive(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def main() -> None:
@@ -350,9 +362,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the per-image records and the tables here")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                         help=f"where the trained CNN's weights are kept (default {DEFAULT_CACHE})")
-    parser.add_argument("--epochs", type=int, default=2, help="the CNN's training epochs")
+    parser.add_argument("--epochs", type=positive, default=2, help="the CNN's training epochs")
     parser.add_argument("--seed", type=int, default=0, help="the CNN's initialisation and batch order")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads while the CNN trains")
+    parser.add_argument("--threads", type=positive, default=2, help="torch threads while the CNN trains")
     args = parser.parse_args()
 
     def run() -> None:
@@ -368,7 +380,7 @@ def main() -> None:
         if args.json:
             writers, groups = tallies(rows)
             args.json.write_text(json.dumps({"model": args.model, "dev": str(args.dev), "cnn": {
-                "epochs": args.epochs, "seed": args.seed, "weights": sum(p.numel() for p in cnn.parameters()),
+                "epochs": args.epochs, "seed": args.seed, "weights": sum(weight.numel() for weight in cnn.parameters()),
                 "mnist_test_accuracy": cnn_accuracy}, "groups": groups, "writers": writers, "images": rows},
                 indent=2) + "\n")
 

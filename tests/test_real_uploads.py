@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from bench import digit_uploads, real_uploads
 from bench.real_uploads import Answer
 from vit_hub.config import ViTConfig
+from vit_hub.data import load_splits
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "vit-mnist"
 
@@ -79,14 +81,18 @@ def test_tables_count_refusals_as_wrong_and_apart():
         "  photo/3/x.png (label 3): ViT /predict torch refused (blank image (no ink)), CNN 3 (0.90)"]
 
 
-def test_the_cnn_cache_follows_preprocessing_only():
+def test_the_cnn_cache_follows_the_pixels_it_learns_from():
+    """The cache file's name changes with what the canonical pixels depend on (here the mean),
+    not with the ViT's architecture, and with the recipe."""
     config = ViTConfig.from_json(MODEL_DIR / "config.json")
-    name = real_uploads.cache_file(Path("/cache"), config, epochs=2, seed=0)
+    train = load_splits("mnist", val_split=0.0).train
     deeper = ViTConfig.from_dict({**config.to_dict(), "depth": config.depth + 1})
     renormalised = ViTConfig.from_dict({**config.to_dict(), "mean": [0.5]})
-    assert real_uploads.cache_file(Path("/cache"), deeper, epochs=2, seed=0) == name
-    assert real_uploads.cache_file(Path("/cache"), renormalised, epochs=2, seed=0) != name
-    assert real_uploads.cache_file(Path("/cache"), config, epochs=3, seed=0) != name
+    fingerprint = real_uploads.pixels_fingerprint(train, config)
+    assert real_uploads.pixels_fingerprint(train, deeper) == fingerprint
+    assert real_uploads.pixels_fingerprint(train, renormalised) != fingerprint
+    name = real_uploads.cache_file(Path("/cache"), config, fingerprint, epochs=2, seed=0)
+    assert real_uploads.cache_file(Path("/cache"), config, fingerprint, epochs=3, seed=0) != name
     assert sum(weight.numel() for weight in real_uploads.small_cnn(config).parameters()) == 50_698
 
 
@@ -96,8 +102,12 @@ def test_every_route_scores_uploads_and_counts_a_blank_as_refused(dev):
     typed digits are read, the blank canvas is refused by each route, not skipped."""
     images = real_uploads.dev_images(dev)
     config = ViTConfig.from_json(MODEL_DIR / "config.json")
-    answers = {**real_uploads.score_through_app(images, str(MODEL_DIR)),
-               "cnn": real_uploads.score_with_cnn(images, real_uploads.small_cnn(config).eval(), config)}
+    threads = torch.get_num_threads()
+    try:
+        answers = {**real_uploads.score_through_app(images, str(MODEL_DIR)),
+                   "cnn": real_uploads.score_with_cnn(images, real_uploads.small_cnn(config).eval(), config)}
+    finally:
+        torch.set_num_threads(threads)  # the torch app sets one thread for the process
     rows = real_uploads.records(images, answers)
     for route in ("torch", "onnx", "sketch"):
         assert [row[route]["predicted"] for row in rows] == [None, "7", "3"], route
