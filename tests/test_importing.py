@@ -394,6 +394,17 @@ def test_init_from_a_vit_model_drops_its_pooler(tmp_path):
     assert fine_tune_config(start, ["a", "b"], {}).pre_logits == 0  # the ViT paper replaces the whole head
 
 
+def test_canonicalisation_is_the_new_data_s_choice_when_fine_tuning():
+    """None by default, even from a digit model; `--canonicalize digit` keeps it (the bundled
+    model is fine-tuned that way; before, the run silently trained on raw digits)."""
+    from vit_hub.importing import fine_tune_config, load_init
+
+    start = load_init(Path(__file__).resolve().parents[1] / "models" / "vit-mnist")
+    assert start.config.canonicalize == "digit"
+    assert fine_tune_config(start, list("0123456789"), {}).canonicalize == "none"
+    assert fine_tune_config(start, list("0123456789"), {"canonicalize": "digit"}).canonicalize == "digit"
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--embed-dim", "64"], r"--init: --embed-dim cannot differ from the pretrained model's"),
     (["--preset", "tiny"], r"expected no --preset, got tiny"),

@@ -543,13 +543,15 @@ def load_init(reference: str | Path, revision: str | None = None, token: str | N
 
 # Fields a fine-tuning run may change; everything else is the pretrained architecture's.
 FINE_TUNE_FIELDS = ("image_size", "dropout", "attention_dropout", "drop_path", "interpolation", "mean", "std",
-                    "pixel_norm")
+                    "pixel_norm", "canonicalize")
 
 
 def fine_tune_config(start: Imported, labels: list[str], overrides: dict[str, Any]) -> ViTConfig:
     """The pretrained config with the data's labels, no pre-logits layer (the ViT paper
-    replaces the whole head when fine-tuning), and the overrides a fine-tuning run may make."""
-    values = start.config.to_dict()
+    replaces the whole head when fine-tuning), and the overrides a fine-tuning run may make.
+    Canonicalisation belongs to the new data, not the pretrained model's: none unless the
+    run asks for it (`--canonicalize digit` to fine-tune a digit model on digits)."""
+    values = {**start.config.to_dict(), "canonicalize": "none"}
     changed = {key: value for key, value in overrides.items()
                if value is not None and key not in FINE_TUNE_FIELDS and value != values.get(key)}
     if changed:
@@ -557,7 +559,7 @@ def fine_tune_config(start: Imported, labels: list[str], overrides: dict[str, An
         raise ValueError(f"--init: {flags} cannot differ from the pretrained model's ({start.source['source']}); "
                          f"only {', '.join('--' + key.replace('_', '-') for key in FINE_TUNE_FIELDS)} may")
     values.update({key: value for key, value in overrides.items() if value is not None and key in FINE_TUNE_FIELDS})
-    values.update(labels=labels, num_classes=None, pre_logits=0, canonicalize="none")
+    values.update(labels=labels, num_classes=None, pre_logits=0)
     return ViTConfig.from_dict(values)
 
 
