@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import digit_on_paper
 from PIL import Image, ImageDraw, ImageFilter, ImageOps
+from scipy import ndimage
 
 from vit_hub import data as vdata
 from vit_hub.canonical import STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
@@ -85,6 +86,7 @@ PATHS = {
     "4": [[(0.65, 0.95), (0.65, 0.05), (0.1, 0.65), (0.9, 0.65)]],
     "2": [[(0.15, 0.25), (0.35, 0.05), (0.7, 0.05), (0.85, 0.25), (0.8, 0.45), (0.15, 0.95), (0.9, 0.95)]],
 }
+CLOSED_FOUR = [[(0.7, 0.95), (0.7, 0.05), (0.4, 0.35), (0.95, 0.35)]]  # its triangle a sixth of its height
 
 
 def drawn(label: str, canvas=(300, 300), box=(50, 50, 250, 250), width=12, ink=255, paper=0,
@@ -93,7 +95,7 @@ def drawn(label: str, canvas=(300, 300), box=(50, 50, 250, 250), width=12, ink=2
     image = Image.new(mode, canvas, paper)
     draw = ImageDraw.Draw(image)
     left, top, right, bottom = box
-    for path in PATHS[label]:
+    for path in PATHS[label] if label in PATHS else CLOSED_FOUR:
         points = [(left + x * (right - left), top + y * (bottom - top)) for x, y in path]
         draw.line(points, fill=ink, width=width, joint="curve")
     return image
@@ -158,6 +160,19 @@ def test_marks_showing_through_the_page_and_squared_paper_are_not_ink():
     page[:, ::25] -= 27  # side's digit the two add up to 35 %: still under INK_LEVEL)
     marked = Image.fromarray(np.clip(page, 0, 255).astype(np.uint8))
     assert likeness(canonical(marked), canonical(clean)) > 0.9
+
+
+def test_a_ruled_line_across_the_photo_is_not_part_of_the_digit():
+    clean = drawn("7", (240, 200), (70, 30, 170, 150), width=6, ink=30, paper=200)
+    ruled = clean.copy()
+    ImageDraw.Draw(ruled).line([(0, 165), (239, 162)], fill=60, width=3)  # from edge to edge, under the digit
+    assert likeness(canonical(ruled), canonical(clean)) > 0.95
+
+
+def test_thickening_a_hairline_keeps_a_closed_four_open():
+    """The 4's small triangle stays a hole at MNIST's stroke width (filled, it reads as a 9)."""
+    four = np.asarray(canonical(drawn("closed 4", (600, 600), (200, 150, 400, 450), width=1))) > 127
+    assert (ndimage.binary_fill_holes(four) & ~four).sum() >= 4
 
 
 def test_specks_beside_the_digit_are_dropped():

@@ -40,6 +40,8 @@ EXTREME_PERCENTILE = 99.99  # the darkest or brightest marks: a few pixels of a 
 OUTLIER_SPREAD = 2.5  # ink further from the centre of mass (in standard deviations) is dust
 SPECK_SHARE = 0.03  # a separate piece with less of the ink than this is a speck, not a stroke
 SPECK_GAP = 2  # pixels (at DETAIL_SIDE) between dashes of one stroke
+MIN_HOLE_SHARE = 0.005  # a loop's hole this share of the digit's box or larger stays open
+RULED_LINE_SHARE = 0.15  # an edge-to-edge piece thinner than this share of the picture is a ruled line
 CROP_MARGIN = 0.05  # the detail crop's margin around the ink box, as a share of its longer side
 
 
@@ -164,13 +166,28 @@ def _ink_box(signal: Image.Image, paper: Paper) -> tuple[int, int, int, int]:
     found on a copy at most WORK_SIDE large, without specks of dust far from the ink's mass,
     with a margin of CROP_MARGIN of its longer side."""
     work = shrink(signal, WORK_SIDE)
-    rows, cols = np.nonzero(_without_outliers(paper.ink(work, (0, 0), (1, 1))))
+    rows, cols = np.nonzero(_without_outliers(_without_ruled_lines(paper.ink(work, (0, 0), (1, 1)))))
     scale_y, scale_x = signal.height / work.shape[0], signal.width / work.shape[1]
     margin = CROP_MARGIN * max(np.ptp(rows) + 1, np.ptp(cols) + 1)
     top, left = max(0, int((rows.min() - margin) * scale_y)), max(0, int((cols.min() - margin) * scale_x))
     bottom = min(signal.height, int(np.ceil((rows.max() + 1 + margin) * scale_y)))
     right = min(signal.width, int(np.ceil((cols.max() + 1 + margin) * scale_x)))
     return top, left, bottom, right
+
+
+def _without_ruled_lines(ink: np.ndarray) -> np.ndarray:
+    """Ink [h, w] without the thin pieces that cross the whole picture from edge to edge (a
+    ruled line, the paper's edge or its shadow), unless nothing else is left: a digit is
+    photographed inside the frame."""
+    labels, count = ndimage.label(ink > 0, structure=np.ones((3, 3)))
+    ruled = np.zeros(count + 1, dtype=bool)
+    for piece, (rows, cols) in enumerate(ndimage.find_objects(labels), start=1):
+        across = cols.stop - cols.start == ink.shape[1] and rows.stop - rows.start < RULED_LINE_SHARE * ink.shape[0]
+        down = rows.stop - rows.start == ink.shape[0] and cols.stop - cols.start < RULED_LINE_SHARE * ink.shape[1]
+        ruled[piece] = across or down
+    if ruled[1:].all() or not ruled.any():
+        return ink
+    return np.where(ruled[labels], 0.0, ink)
 
 
 def stroke_shape(signal: Image.Image, paper: Paper, box: tuple[int, int, int, int]) -> np.ndarray:
@@ -201,10 +218,15 @@ def stroke_width(shape: np.ndarray) -> float:
 
 def with_stroke_width(shape: np.ndarray) -> np.ndarray:
     """Thicken or thin a binary shape's strokes to STROKE_SHARE of its longer side (a round pen
-    drawn along them, or peeled a pixel a side at a time until a stroke would break)."""
+    drawn along them, or peeled a pixel a side at a time until a stroke would break). A pen
+    thickened never fills a loop: holes of at least MIN_HOLE_SHARE of the shape's box stay
+    open (the small triangle of a closed-top 4 is not a 9's filled loop)."""
     grow = round((STROKE_SHARE * max(shape.shape) - stroke_width(shape)) / 2)
     if grow > 0:
-        shape = ndimage.binary_dilation(np.pad(shape, grow), structure=_disk(grow))
+        holes = ndimage.binary_fill_holes(shape) & ~shape
+        labels, count = ndimage.label(holes)
+        large = np.concatenate([[False], np.bincount(labels.ravel())[1:] >= MIN_HOLE_SHARE * shape.size])
+        shape = ndimage.binary_dilation(np.pad(shape, grow), structure=_disk(grow)) & ~np.pad(large[labels], grow)
     pieces = ndimage.label(shape)[1]
     for _ in range(-grow):
         thinner = ndimage.binary_erosion(shape)
