@@ -5,7 +5,8 @@ scaled to 20 of 28 pixels and centred by mass, drawn with a pen about a tenth as
 the digit is tall. A phone photo of a digit on paper, or a hairline drawn in a paint program
 on a large canvas, is none of that, so the config can record how inputs are brought into
 that domain (`ViTConfig.canonicalize`), and `preprocess.to_model_domain` applies it on every
-path: training, evaluation, prediction, ONNX Runtime and the app. Torch-free (PIL + NumPy).
+path: training, evaluation, prediction, ONNX Runtime and the app. Torch-free (PIL, NumPy,
+SciPy's ndimage).
 
     "none"   the image as it is
     "digit"  what MNIST's makers did to NIST's scans, redone on any picture: ink polarity read
@@ -16,8 +17,8 @@ path: training, evaluation, prediction, ONNX Runtime and the app. Torch-free (PI
 
 Ink is found twice: on the whole picture, shrunk so no side exceeds WORK_SIDE, to find where
 the digit is; then on the original pixels inside that box, shrunk to DETAIL_SIDE, to draw it.
-Shrinking keeps the darkest pixel of each block (not the average), so a 1 px pen line on a
-1000 px canvas keeps its full contrast instead of fading into the paper.
+Shrinking keeps the most inked pixel of each block (not the average), so a 1 px pen line on
+a 1000 px canvas keeps its full contrast instead of fading into the paper.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from scipy import ndimage
 DIGIT_BOX_SHARE = 20 / 28  # MNIST: the digit's box is 20x20 inside 28x28
 WORK_SIDE = 256  # the whole picture is searched for ink at most this large
 DETAIL_SIDE = 80  # the digit's longer side when its strokes are set (4x MNIST's 20 px box)
-STROKE_SHARE = 0.147  # MNIST: median stroke_width / digit height, 1,000 training digits (quartiles 0.127-0.173)
+STROKE_SHARE = 0.147  # MNIST: median stroke_width / longer side, 1,000 training digits (quartiles 0.127-0.173)
 MIN_CONTRAST = 24  # gray levels: ink fainter than this against its paper is no ink
 NOISE_MARGIN = 5.0  # ink stands this many noise deviations above the paper
 INK_LEVEL = 0.4  # share of the digit's typical ink darkness that is still ink (not show-through)
