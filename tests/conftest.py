@@ -5,8 +5,11 @@ Nothing here is autouse: every fixture is opt-in by name, so other test files ar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -169,3 +172,25 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def assert_one_line(message: str, *fragments: str) -> str:
+    """One line, no traceback, naming what was expected and what was found, with `fragments`."""
+    lines = message.strip().splitlines()
+    assert len(lines) == 1, message
+    assert "Traceback" not in message and "expected" in lines[0], message
+    assert re.search(r"\b(found|got)\b", lines[0]), message
+    for fragment in fragments:
+        assert fragment in lines[0], message
+    return lines[0]
+
+
+def run_app_main(*argv) -> str:
+    """app.main(ARGV) must exit non-zero before serving: returns its one-line message."""
+    import app
+
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
+        app.main([str(arg) for arg in argv])
+    assert exit_.value.code not in (0, None)
+    return err.getvalue() or str(exit_.value.code)

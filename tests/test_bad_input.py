@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config, write_class_folders
+from conftest import TINY_TRAIN_FLAGS, assert_one_line, free_port, run_app_main, tiny_config, write_class_folders
 from PIL import Image, ImageFile
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -99,15 +99,7 @@ def damaged_copy(model_dir: Path, folder: Path, how: str) -> Path:
 
 
 # Assertions -----------------------------------------------------------------------------------
-def assert_one_line(message: str, *fragments: str) -> str:
-    """One line, no traceback, naming what was expected and what was found, with `fragments`."""
-    lines = message.strip().splitlines()
-    assert len(lines) == 1, message
-    assert "Traceback" not in message and "expected" in lines[0], message
-    assert re.search(r"\b(found|got)\b", lines[0]), message
-    for fragment in fragments:
-        assert fragment in lines[0], message
-    return lines[0]
+
 
 
 def listing(folder: Path) -> dict[str, int]:
@@ -131,13 +123,7 @@ def run_export(*argv) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-def run_app_main(*argv) -> str:
-    """app.main(ARGV) must exit non-zero before serving: returns its one-line message."""
-    err = io.StringIO()
-    with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
-        app.main([str(arg) for arg in argv])
-    assert exit_.value.code not in (0, None)
-    return err.getvalue() or str(exit_.value.code)
+
 
 
 def run_module(module: str, *argv) -> subprocess.CompletedProcess:

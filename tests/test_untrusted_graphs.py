@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import resource
 import shutil
 import signal
@@ -29,7 +28,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import free_port, tiny_config
+from conftest import assert_one_line, free_port, tiny_config
 from onnx import TensorProto, helper
 
 from export import OnnxClassifier, OnnxModelError, export_onnx
@@ -45,13 +44,7 @@ ADDRESS_SPACE_LIMIT = 3 * 2**30  # for children that load hostile graphs: well u
 PEAK_RSS_LIMIT_MB = 600  # what loading and refusing a graph may cost a child (imports included)
 
 
-def assert_one_line(message: str, *fragments: str) -> str:
-    lines = message.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in message, message
-    assert "expected" in lines[0] and re.search(r"\b(found|got)\b", lines[0]), message
-    for fragment in fragments:
-        assert fragment in lines[0], message
-    return lines[0]
+
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config, write_class_folders
+from conftest import TINY_TRAIN_FLAGS, assert_one_line, free_port, run_app_main, tiny_config, write_class_folders
 from hub_double import serving_hub
 
 from vit_hub import cli
@@ -45,15 +45,7 @@ ADDRESS_SPACE_HEADROOM = 1 << 30  # RLIMIT_AS above what the child has mapped on
 
 
 # Helpers -------------------------------------------------------------------------------------
-def assert_one_line(message: str, *fragments: str) -> str:
-    """One line, no traceback, naming what was expected and what was found, with `fragments`."""
-    lines = message.strip().splitlines()
-    assert len(lines) == 1, message
-    assert "Traceback" not in message and "expected" in lines[0], message
-    assert re.search(r"\b(found|got)\b", lines[0]), message
-    for fragment in fragments:
-        assert fragment in lines[0], message
-    return lines[0]
+
 
 
 def run_vit_hub(*argv) -> tuple[int, str]:
@@ -64,15 +56,7 @@ def run_vit_hub(*argv) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-def run_app_main(*argv) -> str:
-    """app.main(ARGV) must exit non-zero before serving: its one-line message."""
-    import app
 
-    err = io.StringIO()
-    with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
-        app.main([str(arg) for arg in argv])
-    assert exit_.value.code not in (0, None)
-    return err.getvalue() or str(exit_.value.code)
 
 
 def error_lines(stderr: str) -> str:

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CLASSES, TINY_TRAIN_FLAGS, read_json, write_class_folders
+from conftest import CLASSES, TINY_TRAIN_FLAGS, assert_one_line, read_json, write_class_folders
 from safetensors.torch import load_file
-from test_bad_input import assert_one_line, listing, run_vit_hub
+from test_bad_input import listing, run_vit_hub
 
 from vit_hub import data as vdata
 from vit_hub.data import DataError

@@ -17,14 +17,13 @@ import re
 import struct
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from conftest import free_port
+from conftest import assert_one_line, free_port
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,13 +63,7 @@ def digit_rgba(path: Path, side: int) -> Path:
     return path
 
 
-def assert_one_line(message: str, *fragments: str) -> str:
-    lines = message.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in message, message
-    assert "expected" in lines[0] and re.search(r"\b(found|got)\b", lines[0]), message
-    for fragment in fragments:
-        assert fragment in lines[0], message
-    return lines[0]
+
 
 
 # Through a server in this process --------------------------------------------------------
