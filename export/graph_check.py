@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from vit_hub.errors import UserError
 from vit_hub.config import ViTConfig
 
 INPUT = "pixel_values"
@@ -62,7 +63,7 @@ SHIFTED_COPIES = 5  # shifted patch tokenization stacks the image and four shift
 WEIGHTS_SHA256 = "vit_hub.weights_sha256"
 
 
-class OnnxModelError(ValueError):
+class OnnxModelError(UserError):
     """A graph that cannot or may not be loaded; the message names the file and what is wrong."""
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
+from .errors import UserError
 
 DIGIT_BOX_SHARE = 20 / 28  # MNIST: the digit's box is 20x20 inside 28x28
 WORK_SIDE = 256  # the whole picture is searched for ink at most this large
@@ -46,7 +47,7 @@ RULED_LINE_SHARE = 0.15  # an edge-to-edge piece thinner than this share of the 
 CROP_MARGIN = 0.05  # the detail crop's margin around the ink box, as a share of its longer side
 
 
-class EmptyImageError(ValueError):
+class EmptyImageError(UserError):
     """The image holds no ink to canonicalise (a blank page, an empty drawing)."""
 
 

@@ -7,8 +7,11 @@ import argparse
 import sys
 from typing import Any, Callable
 
-# Errors a user can cause (a bad path, value or file); printed as one line.
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError)
+from .errors import UserError
+
+# Errors a user can cause (a bad value, file or upload, a path that is not there or not
+# theirs); printed as one line. Any other exception is a bug and keeps its traceback.
+USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):

@@ -29,6 +29,7 @@ from torchvision import datasets, transforms
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
+from .errors import UserError
 from .colour import ColourEvidence, colour_evidence
 from .config import ViTConfig
 from .preprocess import open_image, preprocess, resize, to_model_domain
@@ -50,7 +51,7 @@ TORCHVISION_DATASETS = {
 }
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A dataset that cannot be used as given; the message says what was expected."""
 
 

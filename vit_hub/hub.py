@@ -44,6 +44,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import validate_repo_id
 
+from .errors import UserError
 from .card import is_generated_card, render_card_text
 from .config import ViTConfig
 from .layout import ExportLayout
@@ -61,7 +62,7 @@ CARD_LOCAL = "the model dir's own, edited by hand"
 CARD_KEPT = "kept the one edited on the Hub"
 
 
-class HubError(ValueError):
+class HubError(UserError):
     """A problem with a Hub repo, the token or the connection, said in one line."""
 
 

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from .errors import UserError
 from .config import INTERPOLATIONS, ViTConfig, read_json
 from .hub import check_model_dir, fetch_file, has_file
 from .pretrained import (VisionTransformer, check_attention_size, check_finite, check_weights_fit, compare_shapes,
@@ -85,7 +86,7 @@ TRANSFORMERS_BLOCK_NAMES = {
 PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
-class ImportRefused(ValueError):
+class ImportRefused(UserError):
     """SRC is not a model vit-hub import reads; the message says what was found, in one line."""
 
 

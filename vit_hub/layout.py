@@ -1,7 +1,26 @@
-"""Where the ONNX files of a model live. Torch-free, and the one place their names are written:
-`python -m export` writes this layout, ONNX Runtime and the app read it, a push uploads it.
+"""Every file a model dir can hold, and the names inside its ONNX graphs. Torch-free, and the
+one place these names are written: training and import write this layout, `python -m export`
+adds its graphs, ONNX Runtime, the app and the Hub read it, a push uploads it.
 
-`--out models/vit-mnist/model.onnx` (or just the folder `models/vit-mnist`) gives
+A model dir (`models/vit-mnist`):
+
+    config.json                the architecture, preprocessing and labels (vit_hub.config)
+    model.safetensors          the weights
+    README.md                  the model card (vit_hub.card)
+    metrics.json               per-epoch history and test scores (training)
+    curves.png                 loss and accuracy per epoch (training)
+    confusion_matrix.png       test predictions against labels (training)
+    inspect.json               what the model learned, measured (`vit-hub inspect`)
+    patch_filters.png          ...and drawn: the patch embedding's filters,
+    position_similarity.png      how alike the position embeddings are,
+    attention_distance.png       how far each head looks
+    source.json                where imported or fine-tuned weights came from (vit_hub.importing)
+    faithfulness.json          how well each explanation tracks the model (bench/faithfulness.py)
+    checkpoint.safetensors     the latest epoch's full training state (kept local, never pushed)
+
+`ModelDir.config` is the name ("config.json"), `ModelDir(folder).config` its path.
+
+Its ONNX files (`--out models/vit-mnist/model.onnx`, or just the folder `models/vit-mnist`):
 
     model.onnx                 logits only: what a classifier runs
     model_attentions.onnx      logits and attentions (with --output-attentions), for rollout
@@ -20,11 +39,59 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+# The graph's input and outputs, by name.
+GRAPH_INPUT = "pixel_values"  # [batch, channels, height, width], normalized as config.json says
+GRAPH_LOGITS = "logits"  # [batch, classes]
+GRAPH_ATTENTIONS = "attentions"  # [depth, batch, heads, tokens, tokens]
+
 DEFAULT_STEM = "model"
 ATTENTIONS_SUFFIX = "_attentions"
 INT8_SUFFIX = "_int8"
 FP16_SUFFIX = "_fp16"
-WEIGHTS = "model.safetensors"
+
+
+class _File:
+    """One file of a model dir: its name on the class, its path on an instance."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, model_dir: "ModelDir | None", owner: type) -> "str | Path":
+        return self.name if model_dir is None else model_dir.folder / self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDir:
+    folder: Path
+
+    config = _File("config.json")
+    weights = _File("model.safetensors")
+    card = _File("README.md")
+    metrics = _File("metrics.json")
+    curves = _File("curves.png")
+    confusion_matrix = _File("confusion_matrix.png")
+    inspect_report = _File("inspect.json")
+    patch_filters = _File("patch_filters.png")
+    position_similarity = _File("position_similarity.png")
+    attention_distance = _File("attention_distance.png")
+    source = _File("source.json")
+    faithfulness = _File("faithfulness.json")
+    checkpoint = _File("checkpoint.safetensors")
+
+    def __post_init__(self):
+        object.__setattr__(self, "folder", Path(self.folder))
+
+    @property
+    def export(self) -> "ExportLayout":
+        """The folder's own ONNX files (model.onnx and its siblings)."""
+        return ExportLayout(self.folder, DEFAULT_STEM)
+
+
+# What `vit-hub inspect` draws, and what a push uploads (checkpoints and other files stay local;
+# ONNX files go up with --with-onnx, see ExportLayout.onnx_files).
+INSPECT_FIGURES = (ModelDir.patch_filters, ModelDir.position_similarity, ModelDir.attention_distance)
+PUBLISHED_FILES = (ModelDir.config, ModelDir.weights, ModelDir.card, ModelDir.metrics, ModelDir.curves,
+                   ModelDir.confusion_matrix, ModelDir.inspect_report, *INSPECT_FIGURES, ModelDir.source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +141,12 @@ class ExportLayout:
 
     @property
     def config(self) -> Path:
-        return self.folder / "config.json"
+        return self.folder / ModelDir.config
 
     @property
     def weights(self) -> Path:
         """The weights the graphs were exported from, when the folder is the model dir itself."""
-        return self.folder / WEIGHTS
+        return self.folder / ModelDir.weights
 
     @property
     def onnx_files(self) -> tuple[Path, ...]:

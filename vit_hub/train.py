@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, Subset
 from tqdm.auto import tqdm
 
+from .errors import UserError
 from . import data as vdata
 from .card import write_model_card
 from .config import DEFAULT_LEARNING_RATE, PRESET_LEARNING_RATES, PRESETS, ViTConfig, one_of, suggest_for_data
@@ -117,7 +118,7 @@ class TrainSettings:
     init: str | None = None
 
 
-class TrainingError(ValueError):
+class TrainingError(UserError):
     """Settings that cannot work; the message says what was expected."""
 
 
