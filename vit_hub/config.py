@@ -24,6 +24,12 @@ CANONICALIZATIONS = ("none", "digit")  # how inputs are brought to the training 
 PIXEL_NORMS = ("dataset", "image")  # normalise by the training set's mean/std, or each image's own
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")  # PIL's resampling filters
 CHANNELS = (1, 3)  # grayscale or RGB
+DIGIT_LABELS = tuple(str(digit) for digit in range(10))  # MNIST's classes, in label order (a config holds list(DIGIT_LABELS))
+
+
+def size_text(size: tuple[int, ...] | list[int]) -> str:
+    """How a size is written to a reader: (28, 28) -> "28x28", (28, 28, 1) -> "28x28x1"."""
+    return "x".join(str(side) for side in size)
 
 # Architecture presets. Any field given explicitly overrides the preset.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -34,7 +40,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "mnist": dict(
         image_size=28, patch_size=4, in_channels=1, embed_dim=64, depth=6, num_heads=4,
         mlp_ratio=4.0, patch_embedding="shifted", pos_embedding="sincos", mean=[0.1307], std=[0.3081],
-        labels=[str(digit) for digit in range(10)], canonicalize="digit",
+        labels=list(DIGIT_LABELS), canonicalize="digit",
     ),
     # Small-data preset for photo folders of a few hundred to a few thousand images:
     # small patches, a narrow and shallow model, a convolutional stem, locality attention and
