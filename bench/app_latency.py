@@ -44,40 +44,43 @@ import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # app.py lives at the top level
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 from gradio_client import Client, handle_file  # noqa: E402
 
-import app  # noqa: E402
+from vit_hub.demo import backends, methods, page, pictures, server, uploads  # noqa: E402
 from vit_hub.preprocess import model_pixels, to_model_domain  # noqa: E402
 from vit_hub.rollout import layer_rollouts  # noqa: E402
 
 # The floor: the app's launch settings around an endpoint that does nothing.
 ECHO_SERVER = """
-import sys, gradio as gr, app
+import sys, gradio as gr
+from vit_hub.demo import page
 with gr.Blocks(analytics_enabled=False) as demo:
     text = gr.Textbox()
     gr.Button().click(lambda value: value, text, text, api_name="echo")
-app.serve(demo, port=int(sys.argv[1]))
+page.serve(demo, port=int(sys.argv[1]))
 """
 
 # The floor of /predict: the app's inputs and launch settings around a constant answer.
 BARE_SERVER = """
-import sys, gradio as gr, app
+import sys, gradio as gr
+from vit_hub.attribution import METHODS
+from vit_hub.demo import methods, page
+from vit_hub.rollout import HEAD_FUSIONS
 with gr.Blocks(analytics_enabled=False) as demo:
     image = gr.Image(type="filepath")
-    controls = [gr.Radio(list(app.HEAD_FUSIONS), value="mean"), gr.Slider(0.0, 0.95, value=0.0),
-                gr.Slider(1, 10, value=3, step=1), gr.Dropdown(list(app.METHODS), value=app.DEFAULT_METHOD)]
+    controls = [gr.Radio(list(HEAD_FUSIONS), value="mean"), gr.Slider(0.0, 0.95, value=0.0),
+                gr.Slider(1, 10, value=3, step=1), gr.Dropdown(list(METHODS), value=methods.DEFAULT_METHOD)]
     label = gr.Label()
     gr.Button().click(lambda *inputs: {"7": 1.0}, [image, *controls], label, api_name="predict", preprocess=False)
-app.serve(demo, port=int(sys.argv[1]))
+page.serve(demo, port=int(sys.argv[1]))
 """
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(app.DEFAULT_MODEL))
+    parser.add_argument("--model", default=str(server.DEFAULT_MODEL))
     parser.add_argument("--backends", nargs="+", default=["torch", "onnx"], choices=["torch", "onnx"])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
@@ -154,7 +157,7 @@ def measure(command: list[str], call: Callable[[Client, int], Any], args: argpar
                 failures=len(errors), first_error=errors[0] if errors else "")
 
 
-def handler_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200,
+def handler_ms(predictor: backends.Predictor, samples: list[Path], rounds: int = 200,
                method: str = "rollout") -> tuple[float, float]:
     """Median in-process times of (forward pass with attentions + the method's map, everything
     the /predict handler does: read the file, preprocess, forward, the map, the rollout strip,
@@ -162,7 +165,7 @@ def handler_ms(predictor: app.Predictor, samples: list[Path], rounds: int = 200,
     return tuple(1000 * float(np.median(times)) for times in handler_times(predictor, samples, rounds, method)[:2])
 
 
-def handler_times(predictor: app.Predictor, samples: list[Path], rounds: int,
+def handler_times(predictor: backends.Predictor, samples: list[Path], rounds: int,
                   method: str, clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], list[float]]:
     """(forward + map, whole handler) times of `rounds` calls, by `clock`: wall time, or
     time.process_time for the CPU time this process spent (what the calls cost on a machine
@@ -170,7 +173,7 @@ def handler_times(predictor: app.Predictor, samples: list[Path], rounds: int,
     model_times, whole_times = [], []
     for index in range(rounds):
         start = clock()
-        view = to_model_domain(app.read_upload(str(samples[index % len(samples)])), predictor.config)
+        view = to_model_domain(uploads.read_upload(str(samples[index % len(samples)])), predictor.config)
         pixels = model_pixels(view, predictor.config)[None]
         forward = clock()
         if method == "rollout":
@@ -179,13 +182,13 @@ def handler_times(predictor: app.Predictor, samples: list[Path], rounds: int,
         else:
             predictor.explain(pixels, method)
         model_times.append(clock() - forward)
-        app.explain(predictor, view, "mean", 0.0, 3, method)
+        pictures.explain(predictor, view, "mean", 0.0, 3, method)
         whole_times.append(clock() - start - model_times[-1])
     return model_times, whole_times
 
 
 def as_uploads(paths: list[Path]) -> list[Path]:
-    """Copies in Gradio's upload folder: the handler opens nothing else (app.uploaded_file)."""
+    """Copies in Gradio's upload folder: the handler opens nothing else (uploads.uploaded_file)."""
     import shutil
 
     from gradio.utils import get_upload_folder
@@ -196,13 +199,13 @@ def as_uploads(paths: list[Path]) -> list[Path]:
 
 
 def handler_table(args: argparse.Namespace, samples: list[Path]) -> None:
-    """The handler time of every method each backend offers: what picks app.DEFAULT_METHOD."""
+    """The handler time of every method each backend offers: what picks methods.DEFAULT_METHOD."""
     print(f"in-process /predict handler, model {args.model}, median of {args.rounds} calls, one thread; "
           f"wall time and this process's CPU time")
     print("| backend | method | forward + map ms | whole handler ms | forward + map CPU ms | whole handler CPU ms |\n"
           "|---|---|---|---|---|---|")
     for backend in args.backends:
-        predictor = app.load_predictor(args.model, backend)
+        predictor = backends.load_predictor(args.model, backend)
         for method in predictor.methods:
             handler_ms(predictor, samples, 5, method)  # warm-up
             wall = [1000 * float(np.median(t)) for t in handler_times(predictor, samples, args.rounds, method)]
@@ -215,19 +218,19 @@ def handler_table(args: argparse.Namespace, samples: list[Path]) -> None:
 
 
 def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: list[Path]) -> dict:
-    predictor = app.load_predictor(model, backend)
+    predictor = backends.load_predictor(model, backend)
 
     def classify(client: Client, index: int) -> None:
         scores, *_ = client.predict(handle_file(str(samples[index % len(samples)])), "mean", 0.0, 3,
-                                    app.DEFAULT_METHOD if backend == "torch" else app.ONNX_DEFAULT_METHOD,
+                                    methods.DEFAULT_METHOD if backend == "torch" else methods.ONNX_DEFAULT_METHOD,
                                     api_name="/predict")
         if not scores.get("label"):
             raise ValueError(f"no label in {scores}")
 
     command = [sys.executable, "app.py", "--model", model, "--backend", backend, "--port"]
     row = measure(command, classify, args)
-    model, handler = handler_ms(predictor, samples, method=app.DEFAULT_METHOD if backend == "torch"
-                                else app.ONNX_DEFAULT_METHOD)
+    model, handler = handler_ms(predictor, samples, method=methods.DEFAULT_METHOD if backend == "torch"
+                                else methods.ONNX_DEFAULT_METHOD)
     return dict(row, name=f"/predict, {predictor.description}", model=f"{model:.2f}", handler=f"{handler:.2f}")
 
 
@@ -309,7 +312,7 @@ def main() -> None:
         for backend in args.backends:
             model = args.model
             if backend == "onnx":  # export once here, so the server and this process share it
-                from export import export_onnx
+                from vit_hub.export import export_onnx
 
                 export_onnx(args.model, onnx_dir, output_attentions=True)
                 model = onnx_dir

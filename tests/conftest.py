@@ -186,11 +186,11 @@ def assert_one_line(message: str, *fragments: str) -> str:
 
 
 def run_app_main(*argv) -> str:
-    """app.main(ARGV) must exit non-zero before serving: returns its one-line message."""
-    import app
+    """app.py's main(ARGV) must exit non-zero before serving: returns its one-line message."""
+    from vit_hub.demo import server
 
     err = io.StringIO()
     with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
-        app.main([str(arg) for arg in argv])
+        server.main([str(arg) for arg in argv])
     assert exit_.value.code not in (0, None)
     return err.getvalue() or str(exit_.value.code)

@@ -17,15 +17,14 @@ from conftest import digit_on_paper, free_port, tiny_config
 from PIL import Image, ImageOps
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # app.py lives at the top level, outside the package
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 
-import app  # noqa: E402
+from vit_hub.demo import backends, methods, page, pictures, server, uploads  # noqa: E402
 from vit_hub.attribution import METHODS  # noqa: E402
-from vit_hub.preprocess import preprocess  # noqa: E402
+from vit_hub.preprocess import preprocess, to_model_domain  # noqa: E402
 
 MODEL_DIR = ROOT / "models" / "vit-mnist"
 SAMPLES = sorted((ROOT / "samples").glob("mnist_test_*_label_*.png"))
@@ -59,14 +58,14 @@ def needs_bundled_model() -> None:
 def predictor():
     needs_bundled_model()
     threads = torch.get_num_threads()
-    yield app.TorchPredictor.load(MODEL_DIR)  # sets one torch thread for the process ...
+    yield backends.TorchPredictor.load(MODEL_DIR)  # sets one torch thread for the process ...
     torch.set_num_threads(threads)  # ... which the other test modules should not inherit
 
 
 @pytest.fixture(scope="module")
 def served(predictor):
-    demo = app.build_demo(predictor)
-    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = page.build_demo(predictor)
+    _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield demo, Client(url, verbose=False)
     demo.close()
 
@@ -77,33 +76,35 @@ def client(served):
 
 
 def predict(client: Client, path, head_fusion="mean", discard_ratio=0.0, k=3, *method):
-    """/predict; without a method the app's default is used (callers from before the method
-    control keep working)."""
-    return client.predict(handle_file(str(path)), head_fusion, discard_ratio, k, *method, api_name="/predict")
+    """/explain, what the page's Classify button calls: labels and the four pictures; without a
+    method the app's default is used."""
+    return client.predict(handle_file(str(path)), head_fusion, discard_ratio, k, *method, api_name="/explain")
 
 
 # Without a server ---------------------------------------------------------------------
 def test_import_is_light():
-    """Importing app loads no torch and builds nothing (the ONNX backend stays torch-free)."""
-    code = "import sys, app; assert 'torch' not in sys.modules, 'torch imported'; print(app.build_demo.__name__)"
+    """Importing app.py and the demo's parts loads no torch and builds nothing (the ONNX backend
+    stays torch-free)."""
+    code = ("import sys, app; from vit_hub.demo import backends, methods, page, pictures, server, uploads; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(page.build_demo.__name__)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "build_demo"
 
 
 def test_safe_default_flags():
-    args = app.parse_args([])
-    assert (args.host, args.backend, Path(args.model)) == ("127.0.0.1", "torch", app.DEFAULT_MODEL)
+    args = server.parse_args([])
+    assert (args.host, args.backend, Path(args.model)) == ("127.0.0.1", "torch", server.DEFAULT_MODEL)
 
 
 def test_main_reports_a_missing_model(tmp_path):
     with pytest.raises(SystemExit, match="cannot load --model"):
-        app.main(["--model", str(tmp_path / "nothing-here")])
+        server.main(["--model", str(tmp_path / "nothing-here")])
 
 
 def test_empty_drawing_is_refused():
     with pytest.raises(gr.Error, match="drawing is empty"):
-        app.read_drawing(sketch_value(Image.new("RGB", (400, 400), "white")), (28, 28))
+        uploads.read_drawing(sketch_value(Image.new("RGB", (400, 400), "white")), (28, 28))
 
 
 def sketch_value(image: Image.Image) -> dict:
@@ -119,7 +120,7 @@ def sketch_value(image: Image.Image) -> dict:
     ((40, 20), (280, 140)),
 ])
 def test_display_size(size, shown):
-    assert app.display_size(*size) == shown
+    assert pictures.display_size(*size) == shown
 
 
 # Through gradio_client ----------------------------------------------------------------
@@ -129,12 +130,28 @@ def test_safe_launch_settings(served):
     assert demo.share is False and demo.ssr_mode is False and demo.analytics_enabled is False
     assert demo.max_file_size == 20 * 1024 * 1024
     limits = {fn.api_name: fn.concurrency_limit for fn in demo.fns.values()}
-    assert limits["predict"] == limits["predict_drawing"] == app.CONCURRENCY_LIMIT
+    assert {limits[name] for name in ("predict", "predict_labels", "explain", "explain_drawing")} == {page.CONCURRENCY_LIMIT}
 
 
 def test_named_endpoints(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert {"/predict", "/predict_drawing"} <= set(endpoints)
+    assert set(endpoints) == {"/predict", "/predict_labels", "/explain", "/explain_drawing"}
+
+
+def test_predict_answers_labels_and_the_map_as_numbers(client, predictor):
+    """/predict: the page's top-k and the chosen method's map, as numbers: no file for a client to
+    download. The map is the one /explain draws (same method, same patch grid)."""
+    config = predictor.config
+    scores, answer = client.predict(handle_file(str(SAMPLES[0])), "mean", 0.0, 3, "rollout", api_name="/predict")
+    assert scores["label"] == label_of(SAMPLES[0]) and len(scores["confidences"]) == 3
+    assert answer["method"] == "rollout" and answer["grid"] == list(config.grid_size)
+    assert answer["patch_size"] == list(config.patch_size)
+    view = to_model_domain(Image.open(SAMPLES[0]), config)
+    expected = pictures.answer(predictor, view, "mean", 0.0, 3, "rollout").method_map
+    np.testing.assert_allclose(np.array(answer["map"]), expected, atol=10 ** -pictures.MAP_DECIMALS)
+    default = client.predict(handle_file(str(SAMPLES[0])), "mean", 0.0, 3, api_name="/predict")[1]
+    assert default["method"] == methods.opening_method(predictor)
+    assert not np.allclose(np.array(default["map"]), expected)  # the method reached the map
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda path: path.name)
@@ -144,7 +161,7 @@ def test_bundled_samples_are_classified(client, sample, predictor):
     assert len(scores["confidences"]) == 3
     assert Image.open(overlay).size == (280, 280)  # 28x28 input, scaled 10x for display
     tiles = predictor.config.depth
-    assert Image.open(strip).size == (tiles * (app.STRIP_TILE_HEIGHT + 4) - 4, app.STRIP_TILE_HEIGHT)
+    assert Image.open(strip).size == (tiles * (pictures.STRIP_TILE_HEIGHT + 4) - 4, pictures.STRIP_TILE_HEIGHT)
 
 
 @pytest.mark.parametrize("size", [(300, 140), (2048, 1536), (28, 28), (40, 20)])
@@ -175,7 +192,7 @@ def test_photo_of_a_digit_on_paper_is_recognised(client, sample, tmp_path):
 @pytest.mark.parametrize("sample", SAMPLES[:5], ids=lambda path: path.name)
 def test_drawn_digit_is_recognised(client, sample, tmp_path):
     scores, overlay, _, _, _ = client.predict(sketch(drawn_digit(sample, tmp_path)), "mean", 0.0, 3,
-                                           api_name="/predict_drawing")
+                                           api_name="/explain_drawing")
     assert scores["label"] == label_of(sample)
     assert Image.open(overlay).size == (280, 280)  # the centred 28x28 digit, scaled for display
 
@@ -214,8 +231,8 @@ def test_every_method_answers_and_the_page_says_how_faithful_each_measured(serve
     with pytest.raises(Exception, match="method: expected one of"):
         predict(client, SAMPLES[0], "mean", 0.0, 3, "saliency")
     page = "\n".join(block.value for block in demo.blocks.values() if isinstance(block, gr.Markdown))
-    measured = json.loads((MODEL_DIR / app.FAITHFULNESS_FILE).read_text())["methods"]
-    quick = [name for name in app.QUICK_METHODS if name in measured]
+    measured = json.loads((MODEL_DIR / ModelDir.faithfulness).read_text())["methods"]
+    quick = [name for name in methods.QUICK_METHODS if name in measured]
     best = max(quick, key=lambda name: measured[name]["insertion_auc"] - measured[name]["deletion_auc"])
     assert best == "integrated_gradients_rollout"  # on the bundled model (BENCHMARKS.md)
     row = measured[best]
@@ -229,13 +246,13 @@ def test_the_onnx_backend_offers_the_maps_without_gradients_and_says_why(predict
     """Gradient methods need the torch model: the ONNX backend leaves them out of the control
     and refuses them by name through the API, pointing to --backend torch."""
     needs_bundled_model()
-    onnx = app.OnnxPredictor.load(MODEL_DIR)
+    onnx = backends.OnnxPredictor.load(MODEL_DIR)
     assert set(onnx.methods) == {name for name, method in METHODS.items() if method.needs != "gradients"}
-    view = app.to_model_domain(Image.open(SAMPLES[0]), onnx.config)
+    view = to_model_domain(Image.open(SAMPLES[0]), onnx.config)
     for method in onnx.methods:
-        assert app.explain(onnx, view, "mean", 0.0, 3, method).scores
+        assert pictures.explain(onnx, view, "mean", 0.0, 3, method).scores
     with pytest.raises(ValueError, match="needs gradients.*--backend torch"):
-        app.explain(onnx, view, "mean", 0.0, 3, "integrated_gradients")
+        pictures.explain(onnx, view, "mean", 0.0, 3, "integrated_gradients")
     pixels = np.stack([preprocess(path, onnx.config) for path in SAMPLES[:2]])
     np.testing.assert_allclose(onnx.explain(pixels, "occlusion")[2], predictor.explain(pixels, "occlusion")[2],
                                atol=1e-3)
@@ -258,7 +275,7 @@ def test_bad_input_is_reported_and_the_app_keeps_serving(client, case, tmp_path)
     path, message = bad_inputs(tmp_path)[case]
     with pytest.raises(Exception, match=message):
         if case == "empty drawing":
-            client.predict(sketch(path), "mean", 0.0, 3, api_name="/predict_drawing")
+            client.predict(sketch(path), "mean", 0.0, 3, api_name="/explain_drawing")
         else:
             predict(client, path)
     scores, _, _, _, _ = predict(client, SAMPLES[1])
@@ -268,8 +285,14 @@ def test_bad_input_is_reported_and_the_app_keeps_serving(client, case, tmp_path)
 def test_missing_image_and_bad_controls_are_reported(client):
     with pytest.raises(Exception, match="No image yet"):
         client.predict(None, "mean", 0.0, 3, api_name="/predict")
-    with pytest.raises(Exception, match="head_fusion"):
+    with pytest.raises(Exception, match="head fusion: expected one of mean, max, min, got 'median'"):
         predict(client, SAMPLES[0], head_fusion="median")
+    for controls, message in [(("mean", 1.0, 3), "discard ratio: expected a number from 0 up to 1, got '1.0'"),
+                              (("mean", 0.0, 0), "top-k: expected a whole number from 1 to 10, got '0'"),
+                              (("mean", 0.0, 2.5), "top-k: expected a whole number from 1 to 10, got '2.5'"),
+                              (("mean", 0.0, "3"), "top-k: expected a whole number from 1 to 10, got '3'")]:
+        with pytest.raises(Exception, match=re.escape(message)):
+            client.predict(handle_file(str(SAMPLES[0])), *controls, api_name="/predict")
 
 
 def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, tmp_path, monkeypatch):
@@ -278,12 +301,12 @@ def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, t
     model_dir.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(MODEL_DIR / name, model_dir / name)
-    monkeypatch.setattr(app.tempfile, "mkdtemp", lambda prefix: str(export_dir))
-    onnx = app.load_predictor(model_dir, "onnx")
+    monkeypatch.setattr(backends.tempfile, "mkdtemp", lambda prefix: str(export_dir))
+    onnx = backends.load_predictor(model_dir, "onnx")
     assert (export_dir / "model_attentions.onnx").is_file()
     assert onnx.description.startswith("ONNX Runtime")
-    demo = app.build_demo(onnx)
-    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = page.build_demo(onnx)
+    _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
         onnx_client = Client(url, verbose=False)
         for sample in SAMPLES[:3]:
@@ -307,7 +330,7 @@ def test_onnx_backend_uses_the_graph_shipped_with_the_model(monkeypatch):
         raise AssertionError(f"exported {model_dir} although it ships an attentions graph")
 
     monkeypatch.setattr(app, "_export_dir", no_export)
-    onnx = app.load_predictor(MODEL_DIR, "onnx")
+    onnx = backends.load_predictor(MODEL_DIR, "onnx")
     assert onnx.classifier.model_path.parent == MODEL_DIR
 
 
@@ -316,11 +339,11 @@ def test_an_rgb_model_with_a_non_square_grid(tmp_path):
     from vit_hub.pretrained import VisionTransformer
 
     VisionTransformer(**tiny_config(image_size=[16, 24], labels=["cat", "dog", "fox"])).save_pretrained(tmp_path / "rgb")
-    demo = app.build_demo(app.TorchPredictor.load(tmp_path / "rgb", threads=None))
-    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = page.build_demo(backends.TorchPredictor.load(tmp_path / "rgb", threads=None))
+    _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
         rgb_client = Client(url, verbose=False)
-        assert "/predict_drawing" not in rgb_client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+        assert "/explain_drawing" not in rgb_client.view_api(print_info=False, return_format="dict")["named_endpoints"]
         path = tmp_path / "photo.jpg"
         Image.new("RGB", (90, 60), (200, 120, 40)).save(path)
         scores, overlay, strip, model_input, heads = predict(rgb_client, path, k=5)

@@ -16,10 +16,9 @@ import pytest
 from conftest import digit_on_paper, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # app.py lives at the top level, outside the package
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-import app  # noqa: E402
+from vit_hub.demo import backends, page
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -38,8 +37,8 @@ pytestmark = pytest.mark.browser  # make test installs chromium; make test-fast 
 def url():
     assert CHROMIUM.exists(), "needs Debian chromium (make test installs it: apt-get install -y chromium)"
     assert (MODEL_DIR / "model.safetensors").is_file(), f"the bundled model {MODEL_DIR} is missing"
-    demo = app.build_demo(app.TorchPredictor.load(MODEL_DIR, threads=None))
-    _, local_url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = page.build_demo(backends.TorchPredictor.load(MODEL_DIR, threads=None))
+    _, local_url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield local_url
     demo.close()
 

@@ -1,9 +1,9 @@
 """The app's uploads are untrusted (issue 25, items 2 and 3).
 
-Every image a request sends (/predict and /predict_labels' upload, /predict_drawing's
-composite, layers and background) is checked against app.APP_MAX_PIXELS from its header
+Every image a request sends (/predict and /predict_labels' upload, /explain_drawing's
+composite, layers and background) is checked against uploads.APP_MAX_PIXELS from its header
 before anything decodes it, so a few hundred kilobytes of PNG cannot make the server decode
-64 megapixels; the requests in flight are at most app.CONCURRENCY_LIMIT, so a burst of hostile
+64 megapixels; the requests in flight are at most page.CONCURRENCY_LIMIT, so a burst of hostile
 requests keeps memory bounded, and memory comes back after it. Hostile images are written row
 by row (kilobytes on disk).
 """
@@ -27,12 +27,11 @@ from conftest import assert_one_line, free_port
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-import app  # noqa: E402
+from vit_hub.demo import backends, page, uploads
 from vit_hub.preprocess import MAX_PIXELS, pixel_limit  # noqa: E402
 
 BUNDLED_MODEL = ROOT / "models" / "vit-mnist"
@@ -70,8 +69,8 @@ def digit_rgba(path: Path, side: int) -> Path:
 @pytest.fixture(scope="module")
 def server():
     threads = torch.get_num_threads()
-    demo = app.build_demo(app.TorchPredictor.load(BUNDLED_MODEL))
-    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = page.build_demo(backends.TorchPredictor.load(BUNDLED_MODEL))
+    _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield url
     demo.close()
     torch.set_num_threads(threads)
@@ -116,8 +115,8 @@ def test_each_part_of_a_drawing_is_checked_before_gradio_decodes_it(server, host
     fine, huge = upload(server, SAMPLE), upload(server, hostile["13000x13000 composite"])
     drawing = {"background": fine, "layers": [fine], "composite": fine}
     drawing[part] = [huge] if part == "layers" else huge
-    event, data = call(server, "predict_drawing", [drawing, *CONTROLS])
-    assert_refused(server, event, data, f"the drawing is too large: expected {pixel_limit(app.APP_MAX_PIXELS)}",
+    event, data = call(server, "explain_drawing", [drawing, *CONTROLS])
+    assert_refused(server, event, data, f"the drawing is too large: expected {pixel_limit(uploads.APP_MAX_PIXELS)}",
                    "found 13000x13000")
 
 
@@ -125,14 +124,14 @@ def test_each_part_of_a_drawing_is_checked_before_gradio_decodes_it(server, host
 def test_uploads_over_the_apps_limit_are_refused_from_the_header(server, hostile, endpoint):
     controls = CONTROLS if endpoint == "predict" else (3,)
     event, data = call(server, endpoint, [upload(server, hostile["20 megapixels"]), *controls])
-    assert app.APP_MAX_PIXELS < 20_000_000 < MAX_PIXELS
-    assert_refused(server, event, data, f"twenty.png is too large: expected {pixel_limit(app.APP_MAX_PIXELS)}",
+    assert uploads.APP_MAX_PIXELS < 20_000_000 < MAX_PIXELS
+    assert_refused(server, event, data, f"twenty.png is too large: expected {pixel_limit(uploads.APP_MAX_PIXELS)}",
                    "found 5000x4000")
 
 
 def test_the_sketchpads_blobs_are_checked_too(hostile):
     """The page sends its drawing as blobs (accept_blobs), which Gradio decodes from bytes."""
-    sketchpad = app.checked_sketchpad(type="pil", image_mode="RGB")
+    sketchpad = uploads.checked_sketchpad(type="pil", image_mode="RGB")
     with pytest.raises(gr.Error) as error:
         sketchpad.convert_and_format_image(hostile["13000x13000 composite"].read_bytes(), flatten_on_white=True)
     assert_one_line(error.value.message, "the drawing is too large")
@@ -141,16 +140,16 @@ def test_the_sketchpads_blobs_are_checked_too(hostile):
 
 
 def test_the_page_states_the_limit(server):
-    assert f"Images of {pixel_limit(app.APP_MAX_PIXELS)}, files of at most" in httpx.get(f"{server}config", timeout=60).text
+    assert f"Images of {pixel_limit(uploads.APP_MAX_PIXELS)}, files of at most" in httpx.get(f"{server}config", timeout=60).text
 
 
 # A burst against a server in its own process ------------------------------------------------
 SERVE = """
 import sys, torch
 sys.path.insert(0, {root!r})
-import app
-demo = app.build_demo(app.TorchPredictor.load({model!r}))
-app.serve(demo, port={port}, quiet=True, prevent_thread_lock=True)
+from vit_hub.demo import backends, page
+demo = page.build_demo(backends.TorchPredictor.load({model!r}))
+page.serve(demo, port={port}, quiet=True, prevent_thread_lock=True)
 print("ready", flush=True)
 sys.stdin.read()  # until the test closes it
 """
@@ -175,7 +174,7 @@ def test_100_hostile_requests_50_at_a_time_keep_memory_bounded_and_give_it_back(
     try:
         assert server.stdout.readline().strip() == "ready"
         url = f"http://127.0.0.1:{port}/"
-        largest_accepted = digit_rgba(tmp_path / "accepted.png", int(app.APP_MAX_PIXELS ** 0.5))
+        largest_accepted = digit_rgba(tmp_path / "accepted.png", int(uploads.APP_MAX_PIXELS ** 0.5))
         assert call(url, "predict", [upload(url, largest_accepted), *CONTROLS])[0] == "complete"  # warm
         start, _ = rss_mb(server.pid)
 
@@ -185,7 +184,7 @@ def test_100_hostile_requests_50_at_a_time_keep_memory_bounded_and_give_it_back(
             if index % 2:  # 45 of the issue's 64 MP RGBA PNGs
                 return call(url, "predict", [upload(url, hostile["64 megapixel RGBA"]), *CONTROLS])[0]
             huge = upload(url, hostile["13000x13000 composite"])  # 45 drawings of 169 MP
-            return call(url, "predict_drawing", [{"background": None, "layers": [], "composite": huge}, *CONTROLS])[0]
+            return call(url, "explain_drawing", [{"background": None, "layers": [], "composite": huge}, *CONTROLS])[0]
 
         with concurrent.futures.ThreadPoolExecutor(50) as pool:
             events = list(pool.map(request, range(100)))

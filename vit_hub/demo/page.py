@@ -1,0 +1,274 @@
+"""The Gradio page and its named API endpoints, for any backend that implements `Predictor`.
+
+The Classify tab takes an upload (or, for grayscale models, a drawing) and shows the top-k
+classes, the chosen method's map over the image, rollout after each layer, the model's input
+and each head's attention; the Inside tab shows what the model learned. The endpoints, for
+gradio_client or plain HTTP:
+
+    /predict          (image, head fusion, discard ratio, top-k, method) -> top-k labels and the
+                      method's map as numbers: nothing for a client to download
+    /predict_labels   (image, top-k) -> the top-k labels alone, the quickest answer
+    /explain          /predict's inputs -> the labels and the page's four pictures, each one a
+                      file that gradio_client downloads
+    /explain_drawing  like /explain, for the sketchpad's drawing
+
+Nothing happens at import: `build_demo(predictor)` builds the Blocks, `serve(demo)` launches
+them with the safe defaults.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from PIL import Image
+
+from ..attribution import METHODS
+from ..config import ViTConfig, size_text
+from ..errors import UserError
+from ..insight import ModelViews, compute_views, default_data, load_pixels, pooled_token
+from ..preprocess import model_pixels, pixel_limit, to_model_domain
+from ..postprocess import top_k
+from ..rollout import HEAD_FUSIONS
+from .backends import Predictor
+from .methods import faithfulness_table, opening_method
+from .pictures import answer, explain, map_values
+from .uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, read_drawing, read_upload, user_errors,
+                      without_paths)
+
+CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a Space folder
+SAMPLES = CHECKOUT / "samples"  # MNIST test digits, the page's examples
+CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
+QUEUE_SIZE = 64
+# Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck.
+CSS = "#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }"
+INSIDE_TITLES = {
+    "patch_filters": "Patch-embedding filters: principal components of the patch projection",
+    "position_similarity": "Position-embedding similarity: each patch position against every other",
+    "attention_distance": "Mean attention distance per head and layer",
+}
+
+
+@dataclass
+class Handlers:
+    """What each endpoint computes, for one predictor. Every input is untrusted: the image is
+    opened only when it is an upload (read_upload), the controls are checked (`controls`)."""
+
+    predictor: Predictor
+    default_method: str
+
+    def controls(self, head_fusion: Any, discard_ratio: Any, k: Any) -> tuple[str, float, int]:
+        """The controls as the computation takes them; a value no control could send is refused."""
+        if head_fusion not in HEAD_FUSIONS:
+            raise UserError(f"head fusion: expected one of {', '.join(HEAD_FUSIONS)}, got {str(head_fusion)[:40]!r}")
+        if not isinstance(discard_ratio, numbers.Real) or not 0.0 <= discard_ratio < 1.0:
+            raise UserError(f"discard ratio: expected a number from 0 up to 1, got {str(discard_ratio)[:40]!r}")
+        classes = self.predictor.config.num_classes
+        if not isinstance(k, numbers.Real) or k != int(k) or not 1 <= k <= classes:
+            raise UserError(f"top-k: expected a whole number from 1 to {classes}, got {str(k)[:40]!r}")
+        return head_fusion, float(discard_ratio), int(k)
+
+    def predict(self, image: dict | None, head_fusion: str, discard_ratio: float, k: int,
+                method: str | None = None) -> tuple[dict[str, float], dict]:
+        """Top-k labels and the method's map as numbers (`pictures.map_values`)."""
+        method = method or self.default_method
+        view = to_model_domain(read_upload(image), self.predictor.config)
+        result = answer(self.predictor, view, *self.controls(head_fusion, discard_ratio, k), method)
+        return result.scores, map_values(method, result.method_map, self.predictor.config)
+
+    def predict_labels(self, image: dict | None, k: int = 3) -> dict[str, float]:
+        """The top-k labels only: no map, no pictures."""
+        config = self.predictor.config
+        k = self.controls(HEAD_FUSIONS[0], 0.0, k)[2]
+        probabilities, _ = self.predictor.predict(model_pixels(to_model_domain(read_upload(image), config), config)[None])
+        return dict(top_k(probabilities, config.labels, k)[0])
+
+    def explain(self, image: dict | None, head_fusion: str, discard_ratio: float, k: int,
+                method: str | None = None) -> tuple:
+        """What the page shows: labels, the map over the image, the per-layer strip, the model's
+        input and the per-head maps."""
+        return self._pictures(to_model_domain(read_upload(image), self.predictor.config),
+                              head_fusion, discard_ratio, k, method)
+
+    def explain_drawing(self, drawing: dict | None, head_fusion: str, discard_ratio: float, k: int,
+                        method: str | None = None) -> tuple:
+        """Like explain, for a drawing; the overlay shows the centred digit the model saw."""
+        return self._pictures(read_drawing(drawing, self.predictor.config.image_size),
+                              head_fusion, discard_ratio, k, method)
+
+    def _pictures(self, view: Image.Image, head_fusion: str, discard_ratio: float, k: int,
+                  method: str | None) -> tuple:
+        controls = self.controls(head_fusion, discard_ratio, k)
+        result = explain(self.predictor, view, *controls, method or self.default_method)
+        return result.scores, result.overlay, result.strip, result.model_input, result.heads
+
+
+def build_demo(predictor: Predictor) -> gr.Blocks:
+    """The Gradio app for one predictor. Launch it with `serve(demo, ...)`."""
+    predictor.config.check_has_head("the app")
+    handlers = Handlers(predictor, opening_method(predictor))
+    with gr.Blocks(title="vit_hub: what the ViT looks at", analytics_enabled=False,
+                   delete_cache=(600, 3600)) as demo:
+        _header(predictor, handlers.default_method)
+        views = _views_or_error(predictor)  # computed once, at start-up
+        with gr.Tabs():
+            with gr.Tab("Classify"):
+                _classify_tab(handlers)
+            with gr.Tab("Inside the model", elem_id="inside"):
+                _inside_tab(views)
+    return demo
+
+
+def _header(predictor: Predictor, default_method: str) -> None:
+    config = predictor.config
+    drawn = " or draw a digit" if config.in_channels == 1 else ""
+    gr.Markdown(f"## vit_hub: what the Vision Transformer looks at\nUpload an image{drawn}: the model names "
+                f"what it sees, and the map shows which patches made it say so.")
+    with gr.Accordion("How faithful is this map?", open=False):
+        gr.Markdown(
+            f"The map opens with **{METHODS[default_method].label}**: {METHODS[default_method].meaning}; "
+            f"Explanation changes the method. The model: {config.num_classes} classes, "
+            f"{size_text(config.image_size)} input, {config.depth} layers, on "
+            f"{predictor.description}.\n\n{faithfulness_table(predictor.model_dir, predictor.methods)}"
+            + ("" if len(predictor.methods) == len(METHODS) else
+               "\n\nThe methods that need gradients are offered with `--backend torch` only.")
+        )
+
+
+def _classify_tab(handlers: Handlers) -> None:
+    """Inputs and controls on the left, the answer on the right; the four endpoints wired."""
+    config = handlers.predictor.config
+    with gr.Row():
+        with gr.Column():
+            image, drawing, submit, submit_drawing = _inputs(config)
+            controls = _controls(handlers)
+        with gr.Column():
+            outputs = _outputs(config)
+    label = outputs[0]
+    queued = dict(concurrency_id="model", concurrency_limit=CONCURRENCY_LIMIT)
+    # preprocess=False: the handler opens the upload itself, so a non-image gets a clear gr.Error.
+    # Gradio then does not check the path, so read_upload does: only uploads are opened.
+    submit.click(user_errors(handlers.explain), [image, *controls], outputs, api_name="explain",
+                 preprocess=False, **queued)
+    # API only: these buttons are never shown, their events are the named endpoints.
+    gr.Button(visible=False).click(user_errors(handlers.predict), [image, *controls], [label, gr.JSON(visible=False)],
+                                   api_name="predict", preprocess=False, **queued)
+    gr.Button(visible=False).click(user_errors(handlers.predict_labels), [image, controls[2]], label,
+                                   api_name="predict_labels", preprocess=False, **queued)
+    if drawing is not None:
+        submit_drawing.click(user_errors(handlers.explain_drawing), [drawing, *controls], outputs,
+                             api_name="explain_drawing", **queued)
+
+
+def _inputs(config: ViTConfig) -> tuple[gr.Image, Any, gr.Button, Any]:
+    """(upload, drawing, their buttons); no drawing for a colour model."""
+    drawing = submit_drawing = None
+    with gr.Tabs():
+        with gr.Tab("Upload"):
+            image = gr.Image(type="filepath", label="Image", sources=["upload", "clipboard"], height=320,
+                             elem_id="upload")
+            submit = gr.Button("Classify", variant="primary")
+            gr.Markdown(f"Images of {pixel_limit(APP_MAX_PIXELS)}, files of at most {MAX_FILE_SIZE}.",
+                        elem_id="upload-limits")
+            if config.in_channels == 1:  # the bundled samples are MNIST digits
+                _examples(image)
+        if config.in_channels == 1:
+            with gr.Tab("Draw"):
+                drawing = checked_sketchpad(
+                    type="pil", image_mode="RGB", canvas_size=(400, 400), layers=False,
+                    label="Draw a digit (pick the brush on the left first)", elem_id="drawing",
+                    brush=gr.Brush(default_size=14, colors=["#000000"], color_mode="fixed"),
+                )
+                submit_drawing = gr.Button("Classify drawing", variant="primary")
+    return image, drawing, submit, submit_drawing
+
+
+def _controls(handlers: Handlers) -> list:
+    """[head fusion, discard ratio, top-k, method]: the order every endpoint takes them in."""
+    predictor = handlers.predictor
+    method = gr.Dropdown([(METHODS[name].label, name) for name in predictor.methods],
+                         value=handlers.default_method, label="Explanation", elem_id="method",
+                         info="what the overlay shows; the strip below it is always rollout")
+    head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
+    discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
+                              info="share of the weakest attention weights dropped per layer")
+    classes = predictor.config.num_classes
+    k = gr.Slider(1, classes, value=min(3, classes), step=1, label="Top-k")
+    return [head_fusion, discard_ratio, k, method]
+
+
+def _outputs(config: ViTConfig) -> list:
+    """[labels, overlay, per-layer strip, model input, head grid]. JPEG for the heat maps:
+    it encodes far faster than PNG with no visible loss on a heat map; PNG for the model's
+    input, whose pixels should stay exact."""
+    pictures = dict(type="pil", interactive=False)
+    buttons = ["download", "fullscreen"]
+    return [
+        gr.Label(label="Prediction"),
+        gr.Image(label="Explanation", format="jpeg", buttons=buttons, elem_id="rollout", **pictures),
+        gr.Image(label="Rollout after layer 1, 2, ... (left to right)", format="jpeg", buttons=buttons,
+                 elem_id="layer-strip", **pictures),
+        gr.Image(label=_model_input_label(config), format="png", height=160, elem_id="model-input", **pictures),
+        gr.Image(label=f"Each head's attention from the {pooled_token(config)}: a row per layer (layer 1 at the "
+                       f"top), a column per head", format="jpeg", buttons=buttons, height=420,
+                 elem_id="head-maps", **pictures),
+    ]
+
+
+def model_views(predictor: Predictor) -> ModelViews:
+    """Views 1-3 of the served model: from its weights when the backend has them, with attention
+    distances measured on the bundled samples when they fit the model (a digit model)."""
+    config = predictor.config
+    weights = predictor.weights() if hasattr(predictor, "weights") else None
+    data = default_data(config)
+    pixels, note = None, ("no images to measure on here: the bundled samples fit only a digit model "
+                          "(`vit-hub inspect --model MODEL --data IMAGES` measures it)")
+    if data is not None:
+        pixels, note = load_pixels(data, config)
+    return compute_views(config, weights, lambda batch: predictor.predict(batch)[1], pixels, note)
+
+
+def _views_or_error(predictor: Predictor) -> ModelViews | str:
+    try:
+        return model_views(predictor)
+    except (OSError, UserError) as error:  # shown on the tab; the classifier still works
+        return f"The views could not be computed: {without_paths(str(error))}"
+
+
+def _inside_tab(views: ModelViews | str) -> None:
+    """Views 1-3 of the model, each with its one-sentence reading (or the reason it is missing)."""
+    gr.Markdown("What the model learned, as the ViT paper shows it (Dosovitskiy et al. 2020, Figure 7): the "
+                "filters its patch projection applies, how alike its position embeddings are, and how far "
+                "each head looks. The per-head maps of one image are under the rollout on the Classify tab.")
+    if isinstance(views, str):
+        gr.Markdown(views)
+        return
+    images, readings = views.images(), views.readings()
+    for name, title in INSIDE_TITLES.items():  # three views
+        gr.Image(images[name], label=title, type="pil", format="png", interactive=False, show_label=True,
+                 buttons=["download", "fullscreen"], elem_id=f"inside-{name.replace('_', '-')}")
+        gr.Markdown(readings[name])
+
+
+def _model_input_label(config: ViTConfig) -> str:
+    size = size_text(config.image_size)
+    if config.canonicalize == "digit":
+        return f"What the model saw: the digit cropped, centred and scaled like MNIST ({size})"
+    return f"What the model saw ({size})"
+
+
+def _examples(image: gr.Image) -> None:
+    paths = sorted(SAMPLES.glob("*.png"))
+    if paths:
+        gr.Examples([[str(path)] for path in paths], inputs=[image], label="Bundled samples",
+                    examples_per_page=len(paths))
+
+
+def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, **launch: Any):
+    """Queue and launch with the safe defaults: no share link, no SSR, capped uploads."""
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY_LIMIT)
+    return demo.launch(server_name=host, server_port=port, share=False, ssr_mode=False,
+                       max_file_size=MAX_FILE_SIZE, css=CSS, **launch)

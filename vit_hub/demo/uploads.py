@@ -1,0 +1,148 @@
+"""What a request sends, checked: every request is untrusted.
+
+Only files uploaded to this app are opened (never a path a client names), each image's size
+is read from its header before it is decoded, and a message never shows a server path: a
+problem is one `gr.Error` line naming the client's own file name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import gradio as gr
+from gradio.data_classes import FileData
+from gradio.utils import get_upload_folder
+from PIL import Image
+
+from ..canonical import EmptyImageError, centre_digit
+from ..errors import UserError
+from ..preprocess import check_header, load_image, open_image, to_model_mode
+
+MAX_FILE_SIZE = "20mb"
+# Largest image a request may send (pixels, read from its header before it is decoded): a 12 MP
+# phone photo fits. Decoding and converting an RGBA image holds about 15 bytes a pixel, so the
+# requests in flight (page.CONCURRENCY_LIMIT) hold at most about 1 GB.
+APP_MAX_PIXELS = 16_000_000
+MAX_NAME_CHARS = 80  # of a client's file name, when a message names it
+# An absolute path in a message: /dir/.../name or C:\dir\...\name; `name` is its last part.
+ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~])/|\b[A-Za-z]:[\\/])(?:[^\s/\\'\"]+[/\\])*(?P<name>[^\s/\\'\"]*)")
+
+
+def read_upload(upload: dict | str | None) -> Image.Image:
+    """A file this client uploaded (Gradio's file data) -> decoded PIL image, upright.
+
+    Anything unusable raises gr.Error naming the client's own file name, never a server
+    path. The size is checked from the header before decoding (`open_image`), so a huge
+    image is refused without spending memory on it.
+    """
+    path, name = uploaded_file(upload)
+    try:
+        return load_image(open_image(path, name, APP_MAX_PIXELS))
+    except (OSError, UserError) as error:
+        raise gr.Error(without_paths(str(error))) from None
+
+
+def uploaded_file(upload: dict | str | None) -> tuple[Path, str]:
+    """(the upload's path on the server, the name its client gave it), for uploads only.
+
+    /predict takes its file data unprocessed, and Gradio checks paths only in file data
+    that carries its `meta` marker, so the path a request names is checked here: with
+    symlinks and `..` resolved, it must lie inside Gradio's upload folder, where every
+    upload (and every bundled example shown on the page) is copied. Anything else, a
+    file elsewhere on the server or a URL, is refused without being opened.
+    """
+    path, name = (upload.get("path"), upload.get("orig_name")) if isinstance(upload, dict) else (upload, None)
+    if not path:
+        raise gr.Error("No image yet: upload one or pick an example.")
+    try:
+        resolved = Path(path).resolve()
+        inside = isinstance(path, str) and resolved.is_relative_to(Path(get_upload_folder()).resolve())
+    except (OSError, ValueError, TypeError):  # a null byte, a symlink loop, not a string
+        inside = False
+    if not inside:
+        raise gr.Error("Only images uploaded to this app can be classified: expected an uploaded file, "
+                       "got a path that is not an upload.")
+    return resolved, client_name(name if isinstance(name, str) and name else str(path))
+
+
+def client_name(name: str) -> str:
+    """The last part of a client's file name (either kind of slash), shortened for messages."""
+    base = re.split(r"[\\/]", name)[-1] or "the image"
+    return base if len(base) <= MAX_NAME_CHARS else base[:MAX_NAME_CHARS - 3] + "..."
+
+
+def checked_sketchpad(**options: Any) -> gr.Sketchpad:
+    """gr.Sketchpad whose images (composite, layers, background: files or the blobs the page
+    sends) are checked against APP_MAX_PIXELS from their headers before Gradio decodes them.
+    The check wraps the instance's decoding rather than subclassing: Gradio writes a .pyi stub
+    beside the module of every component subclass, and the app writes nowhere but its temp
+    and upload folders (a Space's folder stays as it was pushed)."""
+    sketchpad = gr.Sketchpad(**options)
+    decode = sketchpad.convert_and_format_image
+
+    def checked_decode(file: FileData | bytes | None, flatten_on_white: bool = False):
+        if file is not None:
+            try:
+                check_header(file.path if isinstance(file, FileData) else bytes(file), "the drawing", APP_MAX_PIXELS)
+            except UserError as error:
+                raise gr.Error(without_paths(str(error))) from None
+        return decode(file, flatten_on_white)
+
+    sketchpad.convert_and_format_image = checked_decode
+    return sketchpad
+
+
+def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
+    """The sketchpad's value -> the centred digit the model will see.
+
+    Gradio preprocesses it (only files uploaded to this app get through, each checked from
+    its header by `Sketchpad`) into PIL images; anything else, such as a path, is refused
+    here rather than opened.
+    """
+    composite = (value or {}).get("composite")
+    if composite is None:
+        raise gr.Error("The drawing is empty: draw a digit first.")
+    if not isinstance(composite, Image.Image):
+        raise gr.Error(f"expected the drawing as an image, got {type(composite).__name__}")
+    try:
+        return centre_digit(to_model_mode(load_image(composite), 1), size)
+    except EmptyImageError:
+        raise gr.Error("The drawing is empty: draw a digit first.") from None
+
+
+def user_errors(handler: Callable) -> Callable:
+    """Report a user's mistake (a UserError from preprocessing, rollout or a backend) as
+    gr.Error, with any server path in the message cut to its last part; anything else is a bug
+    and reaches Gradio as it is. Give the memory the request freed back to the system afterwards."""
+    @functools.wraps(handler)
+    def wrapped(*args):
+        try:
+            return handler(*args)
+        except gr.Error:
+            raise
+        except UserError as error:
+            raise gr.Error(without_paths(str(error))) from None
+        finally:
+            return_freed_memory()
+    return wrapped
+
+
+# glibc keeps the large blocks a request freed (a decoded image) for reuse in its per-thread
+# arenas, so after a burst of large uploads the server would keep holding them.
+# malloc_trim(0) returns them; other C libraries have no such call and need none.
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
+
+
+def return_freed_memory() -> None:
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def without_paths(message: str) -> str:
+    """Absolute paths (POSIX or Windows) in a message -> their last part, e.g. /tmp/a/x.png -> x.png."""
+    return ABSOLUTE_PATH.sub(lambda match: match.group("name"), message)
