@@ -120,9 +120,9 @@ def test_each_part_of_a_drawing_is_checked_before_gradio_decodes_it(server, host
                    "found 13000x13000")
 
 
-@pytest.mark.parametrize("endpoint", ["predict", "predict_labels"])
+@pytest.mark.parametrize("endpoint", ["predict", "predict_labels", "explain"])
 def test_uploads_over_the_apps_limit_are_refused_from_the_header(server, hostile, endpoint):
-    controls = CONTROLS if endpoint == "predict" else (3,)
+    controls = (3,) if endpoint == "predict_labels" else CONTROLS
     event, data = call(server, endpoint, [upload(server, hostile["20 megapixels"]), *controls])
     assert uploads.APP_MAX_PIXELS < 20_000_000 < MAX_PIXELS
     assert_refused(server, event, data, f"twenty.png is too large: expected {pixel_limit(uploads.APP_MAX_PIXELS)}",
