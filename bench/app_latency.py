@@ -1,28 +1,28 @@
-"""End-to-end latency of the app's /predict endpoint through gradio_client.
+"""End-to-end latency of the app's endpoints through gradio_client.
 
 For each backend: start `python app.py` in its own process on 127.0.0.1, send warm-up
-requests, then N requests (the bundled sample digits in turn) from `--concurrency`
-client threads, each with its own gradio_client.Client. A request's time covers
-uploading the image, queueing, preprocessing, the forward pass with attentions,
-rollout, rendering both images and downloading them.
+requests, then N requests (the bundled sample digits in turn) to /explain, the page's
+endpoint, from `--concurrency` client threads, each with its own gradio_client.Client. A
+request's time covers uploading the image, queueing, preprocessing, the forward pass with
+attentions, the map, rendering the four pictures and downloading them.
 
 More numbers put it in context, measured in this process without Gradio: the forward
-pass with attentions plus rollout, and everything the /predict handler does (read the
-file, preprocess, forward, rollout, draw both images); and a Gradio floor: an endpoint
-that only echoes a string, served with the same launch settings and called the same way.
+pass with attentions plus the map, and everything the /explain handler does (read the
+file, preprocess, forward, map, draw the pictures); and a Gradio floor: an endpoint that
+only echoes a string, served with the same launch settings and called the same way.
 
     python bench/app_latency.py [--model models/vit-mnist] [--backends torch onnx]
                                 [--requests 200] [--concurrency 4]
 
-With --versus-bare: the app's named endpoints against a bare Gradio app that takes the same
+With --versus-bare: the app's named endpoints against a bare Gradio app that takes /predict's
 inputs with the same launch settings and answers a constant label, both serving at once and
 called in turn (one call of each per round, the order rotating), one client each, so that a
 machine shared with other jobs slows all of them alike. Reported: each one's p50 over
---calls rounds and its ratio to the bare app's p50. /predict is timed as gradio_client calls
-it by default (its four pictures downloaded, each with a new HTTP client, which loads the
-CA certificates again: ~20 ms each on a busy 2-core machine), with download_files=False
-(the pictures stay on the server, their URLs come back), and with the four pictures then
-fetched over one HTTP client.
+--calls rounds and its ratio to the bare app's p50: /predict (labels and the map as
+numbers), /predict_labels, and /explain as gradio_client calls it by default (its four
+pictures downloaded, each with a new HTTP client, which loads the CA certificates again),
+with download_files=False (the pictures stay on the server, their URLs come back), and
+with the four pictures then fetched over one HTTP client.
 
     python bench/app_latency.py --versus-bare [--backends torch] [--calls 40]
 """
@@ -160,7 +160,7 @@ def measure(command: list[str], call: Callable[[Client, int], Any], args: argpar
 def handler_ms(predictor: backends.Predictor, samples: list[Path], rounds: int = 200,
                method: str = "rollout") -> tuple[float, float]:
     """Median in-process times of (forward pass with attentions + the method's map, everything
-    the /predict handler does: read the file, preprocess, forward, the map, the rollout strip,
+    the /explain handler does: read the file, preprocess, forward, the map, the rollout strip,
     the head maps, every image)."""
     return tuple(1000 * float(np.median(times)) for times in handler_times(predictor, samples, rounds, method)[:2])
 
@@ -200,7 +200,7 @@ def as_uploads(paths: list[Path]) -> list[Path]:
 
 def handler_table(args: argparse.Namespace, samples: list[Path]) -> None:
     """The handler time of every method each backend offers: what picks methods.DEFAULT_METHOD."""
-    print(f"in-process /predict handler, model {args.model}, median of {args.rounds} calls, one thread; "
+    print(f"in-process /explain handler, model {args.model}, median of {args.rounds} calls, one thread; "
           f"wall time and this process's CPU time")
     print("| backend | method | forward + map ms | whole handler ms | forward + map CPU ms | whole handler CPU ms |\n"
           "|---|---|---|---|---|---|")
@@ -223,7 +223,7 @@ def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: l
     def classify(client: Client, index: int) -> None:
         scores, *_ = client.predict(handle_file(str(samples[index % len(samples)])), "mean", 0.0, 3,
                                     methods.DEFAULT_METHOD if backend == "torch" else methods.ONNX_DEFAULT_METHOD,
-                                    api_name="/predict")
+                                    api_name="/explain")
         if not scores.get("label"):
             raise ValueError(f"no label in {scores}")
 
@@ -231,7 +231,7 @@ def bench_backend(model: str, backend: str, args: argparse.Namespace, samples: l
     row = measure(command, classify, args)
     model, handler = handler_ms(predictor, samples, method=methods.DEFAULT_METHOD if backend == "torch"
                                 else methods.ONNX_DEFAULT_METHOD)
-    return dict(row, name=f"/predict, {predictor.description}", model=f"{model:.2f}", handler=f"{handler:.2f}")
+    return dict(row, name=f"/explain, {predictor.description}", model=f"{model:.2f}", handler=f"{handler:.2f}")
 
 
 def versus_bare(args: argparse.Namespace, samples: list[Path], backend: str) -> None:
@@ -245,23 +245,27 @@ def versus_bare(args: argparse.Namespace, samples: list[Path], backend: str) -> 
     def predict(client: Client, sample: Path) -> Any:  # the caller leaves the method to the app
         return client.predict(handle_file(str(sample)), "mean", 0.0, 3, api_name="/predict")
 
+    def explain(client: Client, sample: Path) -> Any:
+        return client.predict(handle_file(str(sample)), "mean", 0.0, 3, api_name="/explain")
+
     def predict_labels(client: Client, sample: Path) -> Any:
         return client.predict(handle_file(str(sample)), 3, api_name="/predict_labels")
 
     http = httpx.Client()  # one connection for every picture: what gradio_client's downloads lack
 
-    def predict_then_fetch(client: Client, sample: Path) -> Any:
-        result = predict(client, sample)
+    def explain_then_fetch(client: Client, sample: Path) -> Any:
+        result = explain(client, sample)
         for picture in result[1:]:
             http.get(picture["url"]).raise_for_status()
         return result
 
     calls = {  # name -> (client, call)
-        "/predict, pictures downloaded (gradio_client's default)": (Client(app_url, verbose=False), predict),
-        "/predict, download_files=False": (Client(app_url, verbose=False, download_files=False), predict),
-        "/predict, download_files=False, the pictures fetched with one httpx.Client":
-            (Client(app_url, verbose=False, download_files=False), predict_then_fetch),
+        "/predict: labels and the map as numbers": (Client(app_url, verbose=False), predict),
         "/predict_labels": (Client(app_url, verbose=False), predict_labels),
+        "/explain, pictures downloaded (gradio_client's default)": (Client(app_url, verbose=False), explain),
+        "/explain, download_files=False": (Client(app_url, verbose=False, download_files=False), explain),
+        "/explain, download_files=False, the pictures fetched with one httpx.Client":
+            (Client(app_url, verbose=False, download_files=False), explain_then_fetch),
         "bare app: same inputs, constant label": (Client(bare_url, verbose=False), predict),
     }
     times: dict[str, list[float]] = {name: [] for name in calls}
