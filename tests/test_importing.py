@@ -381,7 +381,7 @@ def test_init_weights_keep_the_body_resize_positions_as_timm_does_and_zero_the_h
     expected = resample_abs_pos_embed(model.pos_embed.detach(), (6, 6), (4, 4), num_prefix_tokens=1)
     assert torch.allclose(weights["pos_embedding"], expected[:, 1:], atol=1e-6)
     assert torch.equal(weights["cls_position"], model.pos_embed.detach()[:, :1])
-    assert torch.equal(weights["blocks.1.mlp.3.weight"], model.blocks[1].mlp.fc2.weight.detach())
+    assert torch.equal(weights["blocks.1.mlp.fc2.weight"], model.blocks[1].mlp.fc2.weight.detach())
     assert weights["head.weight"].shape == (3, 192) and not weights["head.weight"].any()
 
 

@@ -13,9 +13,8 @@ from conftest import tiny_config
 
 from vit_hub import pretrained
 from vit_hub.config import PRESETS, ViTConfig, suggest_for_data
-from vit_hub.model import (
-    Attention, DropPath, PatchEmbedding, VisionTransformer, sincos_position_embedding,
-)
+from vit_hub.model import Attention, DropPath, PatchEmbedding, VisionTransformer, upgrade_state_dict
+from vit_hub.positions import sincos_positions
 
 
 def randomized(model: VisionTransformer, seed: int = 0) -> VisionTransformer:
@@ -94,6 +93,36 @@ def test_other_input_sizes_resize_the_positions(pos_embedding):
     logits, attentions = model(images(2, 3, 24, 32), output_attentions=True)  # a 6x8 grid
     assert logits.shape == (2, 2) and attentions[-1].shape[-1] == 1 + 6 * 8
     assert torch.isfinite(logits).all()
+
+
+def test_a_config_or_its_fields_build_the_same_model():
+    config = ViTConfig(**tiny_config())
+    torch.manual_seed(0)
+    from_config = VisionTransformer(config)
+    torch.manual_seed(0)
+    from_fields = VisionTransformer(**tiny_config())
+    assert from_config.config is config and from_fields.config == config
+    assert_same_weights(from_config, from_fields)
+    with pytest.raises(TypeError, match="not both|got both"):
+        VisionTransformer(config, depth=3)
+    with pytest.raises(TypeError, match="expected a ViTConfig, got dict"):
+        VisionTransformer(tiny_config())
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_forward_features_gives_every_token_and_the_head_reads_them(pooling):
+    """forward_features returns all T tokens whatever the pooling (the class-token-only last
+    block is forward's own shortcut), and forward_head of them gives forward's logits."""
+    model = randomized(VisionTransformer(**tiny_config(pooling=pooling)))
+    pixels = images(2, 3, 16, 16)
+    with torch.no_grad():
+        tokens, attentions = model.forward_features(pixels)
+        logits = model(pixels).logits
+    assert tokens.shape == (2, 17, 16) and attentions is None
+    torch.testing.assert_close(model.forward_head(tokens), logits, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        _, attentions = model.forward_features(pixels, output_attentions=True)
+    assert len(attentions) == 2 and attentions[-1].shape == (2, 2, 17, 17)
 
 
 def test_learned_positions_are_unchanged_at_the_trained_size():
@@ -288,15 +317,18 @@ def test_conv_patch_embedding_is_one_linear_layer_per_patch():
 
 
 def test_sincos_positions_are_fixed_and_distinct():
-    positions = sincos_position_embedding(3, 5, 16)
-    assert positions.shape == (15, 16) and positions.abs().max() <= 1.0
+    positions = torch.from_numpy(sincos_positions(3, 5, 16))
+    assert positions.shape == (15, 16) and positions.dtype == torch.float32 and positions.abs().max() <= 1.0
     torch.testing.assert_close(positions[0], torch.tensor([0.0] * 4 + [1.0] * 4 + [0.0] * 4 + [1.0] * 4))
+    # patch 7 is row 1, column 2 (row-major): sin(y w) and sin(x w) at the lowest frequency w = 1
+    torch.testing.assert_close(positions[7, [0, 8]], torch.tensor([math.sin(1.0), math.sin(2.0)]))
     assert torch.cdist(positions, positions).add(torch.eye(15)).min() > 0.1  # every position unique
     model = VisionTransformer(**tiny_config(pos_embedding="sincos"))
+    assert torch.equal(model.pos_embedding[0], torch.from_numpy(sincos_positions(4, 4, 16)))
     assert "pos_embedding" not in dict(model.named_parameters())
     assert "pos_embedding" not in model.state_dict()  # rebuilt from the config, never saved
     with pytest.raises(ValueError, match="divisible by 4, got 18"):
-        sincos_position_embedding(2, 2, 18)
+        sincos_positions(2, 2, 18)
 
 
 def test_drop_path_drops_whole_samples_and_keeps_the_mean():
@@ -370,11 +402,26 @@ def test_config_round_trip_turns_tuples_into_lists(tmp_path):
     assert ViTConfig.from_dict(json.loads(json.dumps(model.config.to_dict()))) == model.config
 
 
+def assert_same_weights(model: nn.Module, other: nn.Module) -> None:
+    """The same tensor names, and every tensor equal (shape, dtype and values)."""
+    ours, theirs = model.state_dict(), other.state_dict()
+    assert list(ours) == list(theirs)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
 def test_config_json_rebuilds_an_identical_model(tmp_path):
-    model = pretrained.VisionTransformer(**tiny_config())
+    """config.json alone holds the architecture: a model built from it, seeded as the saved one
+    was, has the same weights, and the saved weights load into it."""
+    torch.manual_seed(0)
+    model = pretrained.VisionTransformer(**tiny_config(pos_embedding="sincos", patch_embedding="shifted"))
     model.save_pretrained(tmp_path)
     config = ViTConfig.from_json(tmp_path / "config.json")
-    assert pretrained.VisionTransformer(**config.to_dict()).config == model.config
+    torch.manual_seed(0)
+    rebuilt = VisionTransformer(config)
+    assert rebuilt.config == model.config
+    assert_same_weights(rebuilt, model)
+    assert_same_weights(pretrained.VisionTransformer.from_pretrained(str(tmp_path)), model)
 
 
 def rewrite_weights(directory, change) -> None:
@@ -386,9 +433,40 @@ def rewrite_weights(directory, change) -> None:
 
 def test_loading_with_a_missing_weight_fails_naming_it(tmp_path):
     pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
-    rewrite_weights(tmp_path, lambda tensors: tensors.pop("blocks.1.mlp.0.bias"))
-    with pytest.raises(ValueError, match=r"missing \['blocks.1.mlp.0.bias'\], unexpected \[\]"):
+    rewrite_weights(tmp_path, lambda tensors: tensors.pop("blocks.1.mlp.fc1.bias"))
+    with pytest.raises(ValueError, match=r"missing \['blocks.1.mlp.fc1.bias'\], unexpected \[\]"):
         pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+
+
+def sequential_mlp_names(tensors) -> None:
+    """Rename the MLP's weights as checkpoints saved when it was an nn.Sequential name them."""
+    for name in [name for name in tensors if ".mlp.fc" in name]:
+        tensors[name.replace(".mlp.fc1.", ".mlp.0.").replace(".mlp.fc2.", ".mlp.3.")] = tensors.pop(name)
+
+
+def test_checkpoints_with_the_sequential_mlp_names_still_load(tmp_path):
+    model = randomized(pretrained.VisionTransformer(**tiny_config()))
+    model.save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, sequential_mlp_names)
+    assert "blocks.1.mlp.3.weight" in safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    loaded = pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+    assert_same_weights(loaded, model)
+    old_state = dict(model.state_dict())
+    sequential_mlp_names(old_state)
+    fresh = VisionTransformer(**tiny_config())
+    fresh.load_state_dict(old_state)  # strict: every old name lands on today's
+    assert_same_weights(fresh, model)
+
+
+def test_upgrade_state_dict_renames_the_sequential_mlp_layers_only():
+    names = {"blocks.0.mlp.0.weight": 1, "blocks.11.mlp.3.bias": 2, "blocks.0.mlp_norm.weight": 3,
+             "blocks.0.attention.to_out.0.weight": 4, "blocks.0.mlp.fc1.weight": 5, "head.weight": 6}
+    assert upgrade_state_dict(names) == {
+        "blocks.0.mlp.fc1.weight": 1, "blocks.11.mlp.fc2.bias": 2, "blocks.0.mlp_norm.weight": 3,
+        "blocks.0.attention.to_out.0.weight": 4, "blocks.0.mlp.fc1.weight": 5, "head.weight": 6}
+    assert upgrade_state_dict({"module.blocks.2.mlp.3.weight": 0}, prefix="module.") == {
+        "module.blocks.2.mlp.fc2.weight": 0}
+    assert upgrade_state_dict({"blocks.2.mlp.3.weight": 0}, prefix="module.") == {"blocks.2.mlp.3.weight": 0}
 
 
 def test_loading_with_an_unexpected_weight_fails_naming_it(tmp_path):

@@ -242,10 +242,10 @@ def test_a_safetensors_header_over_16_mib_is_refused_before_it_is_parsed(model_d
 @pytest.mark.parametrize("value, found", [(float("nan"), "NaN"), (float("inf"), "an infinity")], ids=["nan", "inf"])
 def test_non_finite_weights_are_refused_naming_the_tensor(model_dir, tmp_path, value, found):
     def poison(tensors):
-        tensors["blocks.1.mlp.0.weight"][3, 2] = value
+        tensors["blocks.1.mlp.fc1.weight"][3, 2] = value
 
     hostile = with_weights(model_dir, tmp_path / "hostile", poison)
-    message = f"expected finite numbers, found {found} in blocks.1.mlp.0.weight"
+    message = f"expected finite numbers, found {found} in blocks.1.mlp.fc1.weight"
     with pytest.raises(ValueError) as error:
         load_model(hostile)
     assert_one_line(str(error.value), message)
@@ -456,7 +456,7 @@ def nan_position(tensors):
 
 @pytest.mark.parametrize("change, fragment", [
     (without_layer_zero, "expected 'encoder.layer.0."),  # a KeyError's traceback before
-    (wider_second_mlp, "the converted weights do not match the config: expected blocks.1.mlp.0.weight of shape "
+    (wider_second_mlp, "the converted weights do not match the config: expected blocks.1.mlp.fc1.weight of shape "
                        "[32, 16], found [24, 16]"),
     (nan_position, "the converted weights: expected finite numbers, found NaN in pos_embedding"),
 ], ids=["layer-missing", "inconsistent-layers", "nan"])

@@ -76,11 +76,11 @@ VARIANTS = [
 
 TIMM_BLOCK_NAMES = {
     "norm1": "attention_norm", "attn.qkv": "attention.to_qkv", "attn.proj": "attention.to_out.0",
-    "norm2": "mlp_norm", "mlp.fc1": "mlp.0", "mlp.fc2": "mlp.3",
+    "norm2": "mlp_norm", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
 }
 TRANSFORMERS_BLOCK_NAMES = {
     "layernorm_before": "attention_norm", "attention.output.dense": "attention.to_out.0",
-    "layernorm_after": "mlp_norm", "intermediate.dense": "mlp.0", "output.dense": "mlp.3",
+    "layernorm_after": "mlp_norm", "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2",
 }
 # transformers' resample codes (PIL.Image.Resampling values) by name.
 PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}

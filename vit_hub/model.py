@@ -17,7 +17,9 @@ vit_hub/importing.py); vit_hub's own models leave them off:
     layer used for ImageNet-21k pre-training (transformers' ViTModel calls it the pooler).
   * `layer_norm_eps`: transformers' ViTs use 1e-12, timm's and vit_hub's 1e-6.
 transformers keeps query, key and value as three Linear layers; stacked one above the other
-they are exactly this module's fused `to_qkv` (the import concatenates them).
+they are exactly this module's fused `to_qkv` (the import concatenates them). The MLP's layers
+are `fc1` and `fc2`, as in timm; checkpoints that name them by index load as well
+(`upgrade_state_dict`). Fixed sin-cos positions come from vit_hub/positions.py.
 
 Attention runs through the fused `F.scaled_dot_product_attention` kernel unless the caller
 asks for the attention weights (`output_attentions=True`); only then is the explicit
@@ -31,13 +33,18 @@ copy would be a leaf the logits do not depend on. `torch.stack(attentions)` give
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import ViTConfig
+from .positions import sincos_positions
+
+V = TypeVar("V")  # what a state dict maps weight names to: tensors, shapes
 
 
 class ViTOutput(NamedTuple):
@@ -183,21 +190,32 @@ class DropPath(nn.Module):
         return x * mask / keep
 
 
+class Mlp(nn.Module):
+    """The block's feed-forward part, applied to each token on its own:
+    [B, T, D] -> fc1 -> GELU -> [B, T, hidden] -> fc2 -> [B, T, D], dropout after each layer."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc2(self.dropout(self.act(self.fc1(x)))))
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: x + Attention(LN(x)), then x + MLP(LN(x))."""
 
     def __init__(self, config: ViTConfig, drop_path: float):
         super().__init__()
         dim = config.embed_dim
-        hidden = int(dim * config.mlp_ratio)
         self.attention_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.attention = Attention(dim, config.num_heads, config.qkv_bias, config.attention_dropout,
                                    config.dropout, config.locality_attention)
         self.mlp_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
-        self.mlp = nn.Sequential(
-            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(config.dropout),
-            nn.Linear(hidden, dim), nn.Dropout(config.dropout),
-        )
+        self.mlp = Mlp(dim, int(dim * config.mlp_ratio), config.dropout)
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False, queries: int | None = None):
@@ -209,35 +227,50 @@ class Block(nn.Module):
         return x, weights
 
 
-def sincos_position_embedding(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
-    """Fixed 2-D sine-cosine positions [grid_h * grid_w, dim]: a quarter of the channels
-    each for sin(y), cos(y), sin(x), cos(x) at geometrically spaced frequencies."""
-    if dim % 4:
-        raise ValueError(f"sincos positions need embed_dim divisible by 4, got {dim}")
-    frequencies = 1.0 / (10000 ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4)))
-    ys, xs = torch.meshgrid(
-        torch.arange(grid_h, dtype=torch.float32), torch.arange(grid_w, dtype=torch.float32), indexing="ij"
-    )
-    y_angles = ys.reshape(-1, 1) * frequencies  # [N, dim/4]
-    x_angles = xs.reshape(-1, 1) * frequencies
-    return torch.cat([y_angles.sin(), y_angles.cos(), x_angles.sin(), x_angles.cos()], dim=1)
+# Weights saved when the MLP was an nn.Sequential name its two Linear layers by their index in it
+# (Linear, GELU, Dropout, Linear, Dropout): blocks.<i>.mlp.0 is fc1, blocks.<i>.mlp.3 is fc2.
+SEQUENTIAL_MLP_NAMES = {"0": "fc1", "3": "fc2"}
+
+
+def upgrade_state_dict(state: Mapping[str, V], prefix: str = "") -> dict[str, V]:
+    """A state dict (or any mapping keyed by weight name: tensors, shapes) of this model, with the
+    names older checkpoints used (SEQUENTIAL_MLP_NAMES) changed to today's; every other name, and
+    the order, unchanged. `prefix`: where the model sits in a larger one ("module." under DDP)."""
+    old = re.compile(re.escape(prefix) + r"(blocks\.\d+\.mlp\.)([03])\.")
+
+    def today(name: str) -> str:
+        found = old.match(name)
+        if found is None:
+            return name
+        return f"{prefix}{found[1]}{SEQUENTIAL_MLP_NAMES[found[2]]}.{name[found.end():]}"
+    return {today(name): value for name, value in state.items()}
+
+
+def _sincos_tensor(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
+    """`positions.sincos_positions` as a float32 tensor [1, grid_h * grid_w, dim]."""
+    return torch.from_numpy(sincos_positions(grid_h, grid_w, dim))[None]
 
 
 class VisionTransformer(nn.Module):
-    """Vision Transformer for image classification.
+    """Vision Transformer for image classification, built from a `ViTConfig` (architecture plus
+    preprocessing and labels); `config.json` in a saved model dir holds exactly its fields.
 
-    Takes the flat, JSON-native keyword arguments of `ViTConfig` (architecture plus
-    preprocessing and labels); `config.json` in a saved model dir holds exactly those.
-
-        model = VisionTransformer(**PRESETS["mnist"], labels=[str(d) for d in range(10)])
+        model = VisionTransformer(ViTConfig.from_preset("mnist"))
+        model = VisionTransformer(**PRESETS["mnist"])                # the same, from keywords
         logits = model(pixel_values).logits                          # [B, num_classes]
         logits, attentions = model(pixel_values, output_attentions=True)
         # attentions: depth tensors [B, heads, T, T], post-softmax, T = 1 + patches
     """
 
-    def __init__(self, **kwargs: Any):
+    def __init__(self, config: ViTConfig | None = None, **fields: Any):
         super().__init__()
-        self.config = config = ViTConfig.from_dict(kwargs)
+        if config is None:
+            config = ViTConfig.from_dict(fields)
+        elif fields:
+            raise TypeError(f"expected a ViTConfig or its fields as keyword arguments, got both ({', '.join(fields)})")
+        elif not isinstance(config, ViTConfig):
+            raise TypeError(f"expected a ViTConfig, got {type(config).__name__}")
+        self.config = config
         dim = config.embed_dim
 
         if config.patch_embedding == "convstem":
@@ -252,9 +285,7 @@ class VisionTransformer(nn.Module):
         if config.pos_embedding == "learned":
             self.pos_embedding = nn.Parameter(torch.zeros(1, config.num_patches, dim))
         else:
-            self.register_buffer(
-                "pos_embedding", sincos_position_embedding(*config.grid_size, dim)[None], persistent=False
-            )
+            self.register_buffer("pos_embedding", _sincos_tensor(*config.grid_size, dim), persistent=False)
         self.embedding_dropout = nn.Dropout(config.dropout)
         # Stochastic depth grows linearly with depth: early blocks are almost never skipped.
         # (On the CPU even when the model is built on the meta device for its shapes: .tolist() needs data.)
@@ -312,7 +343,7 @@ class VisionTransformer(nn.Module):
         if (grid_h, grid_w) == tuple(self.config.grid_size):
             return self.pos_embedding
         if self.config.pos_embedding == "sincos":
-            return sincos_position_embedding(grid_h, grid_w, self.config.embed_dim)[None].to(self.cls_token)
+            return _sincos_tensor(grid_h, grid_w, self.config.embed_dim).to(self.cls_token)
         trained_h, trained_w = self.config.grid_size
         grid = self.pos_embedding.reshape(1, trained_h, trained_w, -1).permute(0, 3, 1, 2)  # [1, D, h, w]
         grid = F.interpolate(grid, size=(grid_h, grid_w), mode="bicubic", align_corners=False)
@@ -322,27 +353,41 @@ class VisionTransformer(nn.Module):
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False) -> ViTOutput:
         """ViTOutput: logits [B, num_classes], and with output_attentions the attention weights
         of every block, a tuple of depth tensors [B, heads, T, T] (else None)."""
-        features, attentions = self.forward_features(pixel_values, output_attentions)
-        return ViTOutput(self.forward_head(features), attentions)
+        # With class-token pooling the head reads the class token alone, so the last block
+        # computes only that token: its MLP runs on 1 token instead of T and its attention has
+        # 1 query instead of T. The logits and gradients are the same at a fraction of the
+        # last block's cost. Attention maps need every row: then the last block runs whole.
+        class_token_only = self.config.pooling == "cls" and not output_attentions
+        tokens, attentions = self._encode(pixel_values, output_attentions, 1 if class_token_only else None)
+        return ViTOutput(self.forward_head(tokens), attentions)
 
     def forward_features(self, pixel_values: torch.Tensor,
                          output_attentions: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Images -> (tokens after the final LayerNorm [B, T, D], attentions or None). With
-        class-token pooling and no attentions asked for, only the class token [B, 1, D]."""
+        """Images -> (every token after the final LayerNorm [B, T, D], token 0 the class token;
+        with output_attentions the attentions as `forward` returns them, else None)."""
+        return self._encode(pixel_values, output_attentions, last_queries=None)
+
+    def forward_head(self, features: torch.Tensor) -> torch.Tensor:
+        """Tokens [B, T, D] (or the class token alone, [B, 1, D]) -> logits [B, num_classes]."""
+        pooled = features[:, 0] if self.config.pooling == "cls" else features[:, 1:].mean(dim=1)  # [B, D]
+        return self.head(self.pre_logits(pooled))
+
+    def _embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> the tokens the first block reads [B, T, D]: the class token,
+        then the patches with their positions."""
         self.check_input(pixel_values)
         grid_h = pixel_values.shape[-2] // self.config.patch_size[0]
         grid_w = pixel_values.shape[-1] // self.config.patch_size[1]
-
         patches = self.patch_embedding(pixel_values) + self._positions(grid_h, grid_w)  # [B, N, D]
         cls = self.cls_token if self.cls_position is None else self.cls_token + self.cls_position
         cls = cls.expand(patches.shape[0], -1, -1)  # [B, 1, D]
-        x = self.embedding_dropout(torch.cat([cls, patches], dim=1))  # [B, T, D]
+        return self.embedding_dropout(torch.cat([cls, patches], dim=1))  # [B, T, D]
 
-        # With class-token pooling nothing reads the patch tokens after the last block, so it
-        # computes the class token alone: its MLP runs on 1 token instead of T, its attention
-        # has 1 query instead of T. Same logits and gradients, fewer FLOPs (BENCHMARKS.md,
-        # "Training throughput", Findings). Attention maps need every row: then it runs whole.
-        last_queries = 1 if self.config.pooling == "cls" and not output_attentions else None
+    def _encode(self, pixel_values: torch.Tensor, output_attentions: bool,
+                last_queries: int | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Images -> (tokens after the final LayerNorm, attentions or None). The last block
+        computes only the first `last_queries` tokens ([B, Q, D]; None: all of them, [B, T, D])."""
+        x = self._embed(pixel_values)
         attentions = []
         for index, block in enumerate(self.blocks):
             is_last = index == len(self.blocks) - 1
@@ -350,7 +395,9 @@ class VisionTransformer(nn.Module):
             attentions.append(weights)
         return self.norm(x), tuple(attentions) if output_attentions else None
 
-    def forward_head(self, features: torch.Tensor) -> torch.Tensor:
-        """Tokens [B, T, D] (or the class token alone) -> logits [B, num_classes]."""
-        pooled = features[:, 0] if self.config.pooling == "cls" else features[:, 1:].mean(dim=1)  # [B, D]
-        return self.head(self.pre_logits(pooled))
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """load_state_dict accepts the weight names of older checkpoints too (`upgrade_state_dict`)."""
+        upgraded = upgrade_state_dict(state_dict, prefix)
+        state_dict.clear()
+        state_dict.update(upgraded)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

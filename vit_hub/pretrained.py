@@ -145,7 +145,8 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
 
 def stored_shapes(weights: str | Path) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor of a safetensors file, from its header alone (JSON of at most
-    MAX_HEADER_BYTES; safetensors checks that the shapes it declares fill the file exactly)."""
+    MAX_HEADER_BYTES; safetensors checks that the shapes it declares fill the file exactly), by
+    the names model.py uses today (older checkpoints' names upgraded: `model.upgrade_state_dict`)."""
     with reading_safetensors(weights):
         with open(weights, "rb") as handle:
             header_bytes = struct.unpack("<Q", handle.read(HEADER_LENGTH_BYTES))[0]
@@ -153,7 +154,7 @@ def stored_shapes(weights: str | Path) -> dict[str, tuple[int, ...]]:
             raise ValueError(f"expected a safetensors header of at most {MAX_HEADER_BYTES // 2**20} MiB in {weights}, "
                              f"found one of {header_bytes:,} bytes")
         with safe_open(str(weights), framework="pt") as handle:
-            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+            return model.upgrade_state_dict({name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()})
 
 
 def compare_shapes(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], where: str,
