@@ -7,6 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vit_hub.errors import UserError
 from vit_hub.pretrained import VisionTransformer
 from vit_hub.rollout import (
     add_residual, attention_rollout, discard_lowest, fuse_heads, heatmap, last_layer_attention, layer_rollouts,
@@ -56,15 +57,28 @@ def test_mean_pooling_reads_the_patch_rows():
     maps = attention_rollout(attentions, "max", 0.3, grid_size=(3, 4), pooling="mean")
     np.testing.assert_allclose(maps, reference_rollout(attentions, "max", 0.3, (3, 4), "mean"), atol=1e-5)
     assert not np.allclose(maps, attention_rollout(attentions, "max", 0.3, grid_size=(3, 4)))
-    with pytest.raises(ValueError, match="pooling"):
+    with pytest.raises(UserError, match="pooling"):
         attention_rollout(attentions, grid_size=(3, 4), pooling="max")
 
 
 @pytest.mark.parametrize("head_fusion", ["mean", "max", "min"])
 def test_rows_sum_to_one_after_discard(head_fusion):
+    """Each row after discard and residual is (the weights discard kept + I) / its sum: rows of
+    any matrix sum to one after that division, so the check is the matrix itself, built here
+    from an independent discard (the lowest 80 % of each matrix's patch-to-patch weights)."""
     fused = fuse_heads(random_attentions(), head_fusion)  # [L, B, T, T]
     mixed = add_residual(discard_lowest(fused, 0.8))
     np.testing.assert_allclose(mixed.sum(axis=-1), 1.0, atol=1e-6)
+    patches = fused[..., 1:, 1:]  # [L, B, N, N]
+    flat = np.sort(patches.reshape(*patches.shape[:2], -1), axis=-1)
+    lowest_kept = flat[..., int(0.8 * flat.shape[-1])][..., None, None]  # [L, B, 1, 1]
+    kept = np.where(patches < lowest_kept, 0.0, patches)
+    assert ((kept == 0).sum(axis=(-2, -1)) == int(0.8 * flat.shape[-1])).all()  # no ties among random weights
+    expected = fused.astype(np.float64)
+    expected[..., 1:, 1:] = kept
+    expected += np.eye(fused.shape[-1])
+    expected /= expected.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(mixed, expected, atol=1e-6)
 
 
 def test_discard_spares_class_token_and_treats_each_sample_alone():
@@ -109,6 +123,8 @@ def test_square_grid_is_inferred():
 
 
 def test_identity_and_uniform_attention_give_uniform_maps():
+    """Rollout of these is uniform whatever discard does (every patch is alike), so discard's own
+    output is checked too: tied weights share one fate, and with all of them tied none goes."""
     tokens = 10
     identity = np.broadcast_to(np.eye(tokens, dtype=np.float32), (4, 2, 3, tokens, tokens))
     uniform = np.full((4, 2, 3, tokens, tokens), 1.0 / tokens, dtype=np.float32)
@@ -117,6 +133,15 @@ def test_identity_and_uniform_attention_give_uniform_maps():
             maps = attention_rollout(attentions, discard_ratio=discard_ratio)
             assert maps.shape == (2, 3, 3)
             np.testing.assert_allclose(maps, maps[:, :1, :1] * np.ones_like(maps))
+            fused = fuse_heads(attentions, "mean")
+            np.testing.assert_array_equal(discard_lowest(fused, discard_ratio), fused)
+    # The attention to patch 1 a hair below the rest: those 9 of the 81 weights are the lowest and
+    # go; the 72 tied ones are all kept, though discarding half would have taken 31 of them.
+    nudged = fuse_heads(uniform, "mean").copy()
+    nudged[..., 1:, 1] -= 1e-3
+    kept = discard_lowest(nudged, 0.5)
+    assert (kept[..., 1:, 1] == 0).all()
+    np.testing.assert_array_equal(np.delete(kept, 1, axis=-1), np.delete(nudged, 1, axis=-1))
 
 
 def test_maps_span_zero_to_one():
@@ -146,7 +171,7 @@ def test_layer_rollouts_end_with_the_full_rollout():
     (dict(discard_ratio=-0.1), "discard_ratio"),
 ])
 def test_bad_arguments_are_rejected(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         attention_rollout(random_attentions(tokens=10), **kwargs)
 
 
@@ -197,9 +222,9 @@ def test_overlay_has_the_image_size_and_blends():
 
 def test_overlay_rejects_bad_arguments():
     image = Image.new("RGB", (8, 8))
-    with pytest.raises(ValueError, match="colormap"):
+    with pytest.raises(UserError, match="colormap"):
         overlay(image, np.zeros((2, 2)), colormap="no-such-map")
-    with pytest.raises(ValueError, match="alpha"):
+    with pytest.raises(UserError, match="alpha"):
         overlay(image, np.zeros((2, 2)), alpha=1.5)
     with pytest.raises(ValueError, match="2-D mask"):
         overlay(image, np.zeros((1, 2, 2)))

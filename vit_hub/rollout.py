@@ -16,9 +16,11 @@ same maps. Results are always NumPy float32 arrays.
 Unlike the popular `vit-explain` code, this handles every batch item, non-square grids,
 never discards the class token's entries and renormalises rows with `keepdims`.
 
-Maps that need gradients (gradient rollout, attention x gradient, integrated gradients)
-live in the torch-side `vit_hub.explain`; occlusion (logits only) and the list of methods
-in `vit_hub.attribution`.
+The registry of explanation methods, and occlusion (logits only), are in
+`vit_hub.attribution`; the maps that need gradients (integrated gradients, gradient rollout)
+in the torch-side `vit_hub.explain`. A choice a caller makes (head fusion, discard ratio,
+pooling, grid, colormap, alpha) outside what is offered raises `UserError`; attentions of the
+wrong shape are a bug in the caller and raise ValueError.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import numpy as np
 from matplotlib import colormaps
 from PIL import Image
 
+from .config import POOLINGS, size_text
+from .errors import UserError
+
 HEAD_FUSIONS = ("mean", "max", "min")
-POOLINGS = ("cls", "mean")  # which tokens feed the head: as ViTConfig.pooling
 
 
 def as_numpy(array: Any) -> np.ndarray:
@@ -60,13 +64,11 @@ def _grid(num_patches: int, grid_size: tuple[int, int] | None) -> tuple[int, int
     if grid_size is None:
         side = math.isqrt(num_patches)
         if side * side != num_patches:
-            raise ValueError(
-                f"{num_patches} patches do not form a square grid; pass grid_size=(height, width)"
-            )
+            raise UserError(f"{num_patches} patches do not form a square grid; pass grid_size=(height, width)")
         return side, side
     grid_h, grid_w = (int(size) for size in grid_size)
     if grid_h * grid_w != num_patches:
-        raise ValueError(f"grid_size {grid_h}x{grid_w} does not match the {num_patches} patch tokens")
+        raise UserError(f"grid_size {size_text((grid_h, grid_w))} does not match the {num_patches} patch tokens")
     return grid_h, grid_w
 
 
@@ -77,13 +79,13 @@ def _readout(joint: np.ndarray, pooling: str) -> np.ndarray:
         return joint[:, 0, 1:]
     if pooling == "mean":
         return joint[:, 1:, 1:].mean(axis=1)
-    raise ValueError(f"pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
+    raise UserError(f"pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
 
 
 def fuse_heads(attentions: np.ndarray, head_fusion: str) -> np.ndarray:
     """[..., heads, T, T] -> [..., T, T] by the mean, max or min over heads."""
     if head_fusion not in HEAD_FUSIONS:
-        raise ValueError(f"head_fusion: expected one of {', '.join(HEAD_FUSIONS)}, got {head_fusion!r}")
+        raise UserError(f"head_fusion: expected one of {', '.join(HEAD_FUSIONS)}, got {head_fusion!r}")
     return getattr(np, head_fusion)(attentions, axis=-3)
 
 
@@ -96,7 +98,7 @@ def discard_lowest(attention: np.ndarray, discard_ratio: float) -> np.ndarray:
     weights are all kept. Returns a copy; rows are not renormalised.
     """
     if not 0.0 <= discard_ratio < 1.0:
-        raise ValueError(f"discard_ratio: expected a value in [0, 1), got {discard_ratio}")
+        raise UserError(f"discard_ratio: expected a value in [0, 1), got {discard_ratio}")
     result = np.array(attention, dtype=np.float32)
     patches = result[..., 1:, 1:]  # [..., N, N], a view into result
     flat = patches.reshape(*patches.shape[:-2], -1)  # [..., N*N]
@@ -197,7 +199,7 @@ def colour_table(colormap: str = "jet") -> np.ndarray:
     """The matplotlib colormap's 256 colours as a read-only uint8 table [256, 3], built once:
     a map in [0, 1] is coloured by indexing it with round(255 * value)."""
     if colormap not in colormaps:
-        raise ValueError(f"unknown matplotlib colormap {colormap!r}")
+        raise UserError(f"unknown matplotlib colormap {colormap!r}")
     table = (colormaps[colormap](np.linspace(0.0, 1.0, 256))[:, :3] * 255.0).round().astype(np.uint8)
     table.flags.writeable = False
     return table
@@ -210,6 +212,6 @@ def overlay(image: Image.Image, mask: Any, alpha: float = 0.5, colormap: str = "
     with a matplotlib colormap; alpha is the heat map's weight (0 = image only).
     """
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha: expected a value in [0, 1], got {alpha}")
+        raise UserError(f"alpha: expected a value in [0, 1], got {alpha}")
     heat = Image.fromarray(heatmap(mask, image.size, colormap))
     return Image.blend(image.convert("RGB"), heat, alpha)
