@@ -269,21 +269,35 @@ def test_import_into_a_model_dir_is_refused(hf_classifier, tmp_path, capsys):
 
 
 def test_predict_ranks_the_labels_of_an_imported_model(hf_classifier, tmp_path):
-    """predict ranks the source's labels (preprocessing from its image processor)."""
+    """predict ranks the source's labels, preprocessing as its image processor does: an image of
+    another size gives the processor's pixels (its size, bicubic resampling, mean and std) and
+    the source model's probabilities. The two resizes round a few pixels to the neighbouring
+    8-bit level; a wrong filter, mean or std moves most pixels by tens of levels."""
     from vit_hub.predict import predict_images
+    from vit_hub.preprocess import preprocess
 
-    _, folder = hf_classifier
+    source, folder = hf_classifier
     model = load_model(import_into(folder, tmp_path / "imported"))
     image = (np.random.default_rng(0).random((40, 50, 3)) * 255).astype(np.uint8)
+    processor = transformers.ViTImageProcessor.from_pretrained(folder)
+    expected = processor(images=Image.fromarray(image), return_tensors="pt").pixel_values  # [1, 3, 32, 32]
+    ours = preprocess(image, model.config)
+    assert ours.shape == tuple(expected.shape[1:]) == (3, 32, 32)
+    levels = np.abs(ours - expected[0].numpy()) * np.array([0.2, 0.25, 0.3])[:, None, None] * 255  # in 8-bit steps
+    assert levels.max() < 1.001 and (levels > 0.5).mean() < 0.01, (levels.max(), (levels > 0.5).mean())
     [ranked] = predict_images(model, [image], top_k=3)
     assert sorted(label for label, _ in ranked) == ["cat", "dog", "fox"]
     assert abs(sum(probability for _, probability in ranked) - 1) < 1e-5
+    with torch.no_grad():
+        probabilities = source(pixel_values=expected).logits.softmax(-1)[0]
+    for label, probability in ranked:
+        assert abs(probability - probabilities[source.config.label2id[label]].item()) < 1e-3
 
 
 # ONNX, rollout and the app on imported models -------------------------------------------------
 def test_imported_models_export_to_onnx_with_parity(hf_classifier, tmp_path):
     """As every export: logits within 1e-4 and attentions within 1e-5 of torch, or export raises."""
-    from export import OnnxClassifier, export_onnx
+    from vit_hub.export import OnnxClassifier, export_onnx
 
     _, folder = hf_classifier
     imported = import_into(folder, tmp_path / "imported")

@@ -22,7 +22,15 @@ from urllib.parse import quote
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .config import ViTConfig, read_json
+from .config import ViTConfig, read_json, size_text
+from .layout import INSPECT_FIGURES, ModelDir
+
+# How the Hub files every vit_hub repo: its library, its task, and the tags a model repo and a
+# Space (vit_hub.space) share. A model repo adds MODEL_TAGS' frameworks.
+LIBRARY_NAME = "vit_hub"
+PIPELINE_TAG = "image-classification"
+HUB_TAGS = (LIBRARY_NAME, "vision-transformer", PIPELINE_TAG)
+MODEL_TAGS = (*HUB_TAGS, "pytorch", "onnx")
 
 # Hub dataset ids for the datasets we know by name.
 HUB_DATASETS = {"mnist": "ylecun/mnist", "cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100",
@@ -45,17 +53,17 @@ def card_metadata(config: ViTConfig, metrics: dict[str, Any], model_name: str,
             metric_type="accuracy", metric_value=round(final["accuracy"], 4),
         )]
     return ModelCardData(
-        library_name="vit_hub", pipeline_tag="image-classification",
+        library_name=LIBRARY_NAME, pipeline_tag=PIPELINE_TAG,
         license=source.get("license") if source else "mit",
         base_model=source["source"] if source and source.get("hub") else None,
-        tags=["vit_hub", "vision-transformer", "image-classification", "pytorch", "onnx"],
+        tags=list(MODEL_TAGS),
         datasets=[dataset_id] if dataset_id else None, model_name=model_name, eval_results=results,
     )
 
 
 def read_source_record(model_dir: Path) -> dict[str, Any] | None:
     """source.json: where imported or fine-tuned weights came from (vit_hub/importing.py)."""
-    path = Path(model_dir) / "source.json"
+    path = ModelDir(model_dir).source
     if not path.is_file():
         return None
     try:
@@ -86,7 +94,7 @@ def _code(language: str, *lines: str) -> list[str]:
 
 def _origin(config: ViTConfig, source: dict[str, Any] | None) -> str:
     """The card's first sentence: how the weights came to be, what the model takes and gives."""
-    image = f"{config.image_size[0]}x{config.image_size[1]} {'grayscale' if config.in_channels == 1 else 'RGB'} input"
+    image = f"{size_text(config.image_size)} {'grayscale' if config.in_channels == 1 else 'RGB'} input"
     outputs = f"{config.num_classes} classes" if config.num_classes else "no head (its output is the pooled features)"
     vit_hub = "[vit_hub](https://github.com/vit-hub/vit_hub)"
     if source is None:
@@ -103,8 +111,8 @@ def _origin(config: ViTConfig, source: dict[str, Any] | None) -> str:
 
 def _architecture_table(config: ViTConfig, parameters: int | None) -> str:
     rows = [
-        ("input", f"{config.image_size[0]}x{config.image_size[1]}x{config.in_channels}"),
-        ("patch", f"{config.patch_size[0]}x{config.patch_size[1]} ({config.num_patches} patches + class token)"),
+        ("input", size_text((*config.image_size, config.in_channels))),
+        ("patch", f"{size_text(config.patch_size)} ({config.num_patches} patches + class token)"),
         ("width / depth / heads", f"{config.embed_dim} / {config.depth} / {config.num_heads}"),
         ("MLP ratio", f"{config.mlp_ratio:g}"),
         ("positions / pooling", f"{config.pos_embedding} / {config.pooling}"),
@@ -163,37 +171,45 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
 
     `onnx` says whether model.onnx sits beside the weights (default: whether the folder has it).
     """
-    model_dir = Path(model_dir)
+    files = ModelDir(model_dir)
     if onnx is None:
-        onnx = (model_dir / "model.onnx").is_file()
-    config = ViTConfig.from_json(model_dir / "config.json")
-    metrics_path = model_dir / "metrics.json"
-    metrics = read_json(metrics_path) if metrics_path.is_file() else {}
-    name = repo_id or model_dir.name
-    parameters = _count_parameters(model_dir)
-    command = metrics.get("settings", {}).get("command") or "(not recorded)"
-    reference = repo_id or str(model_dir)
-    image_size = f"{config.image_size[0]}x{config.image_size[1]}"
-    source = read_source_record(model_dir)
-    if source and source.get("kind") == "imported":
-        training = ["## Conversion", "", "Not trained here; converted with:", "",
-                    *_code("bash", source.get("command") or "(not recorded)"), "",
-                    *[f"- {_text(note)}" for note in source["notes"]], ""]
-    else:
-        training = ["## Training", "", *_code("bash", command), ""]
+        onnx = files.export.logits.is_file()
+    config = ViTConfig.from_json(files.config)
+    metrics = read_json(files.metrics) if files.metrics.is_file() else {}
+    name = repo_id or files.folder.name
+    source = read_source_record(files.folder)
     sections = [
         "---", card_metadata(config, metrics, name, source).to_yaml(), "---", "",
         f"# {_text(name)}", "", _origin(config, source), "",
-        "## Architecture", "", _architecture_table(config, parameters), "",
-        *training,
+        "## Architecture", "", _architecture_table(config, _count_parameters(files.weights)), "",
+        *_training_section(metrics, source),
         "## Metrics", "", _metrics_section(metrics), "",
+        *_training_figures(files),
+        *_inside_section(files),
+        *_usage_section(config, repo_id or str(files.folder), repo_id, onnx),
     ]
-    if (model_dir / "curves.png").is_file():
-        sections += ["![training curves](curves.png)", ""]
-    if (model_dir / "confusion_matrix.png").is_file():
-        sections += ["![confusion matrix](confusion_matrix.png)", ""]
-    sections += _inside_section(model_dir)
-    sections += [
+    return ModelCard("\n".join(sections))
+
+
+def _training_section(metrics: dict[str, Any], source: dict[str, Any] | None) -> list[str]:
+    """How the weights were made: the command that converted them, or the one that trained them."""
+    if source and source.get("kind") == "imported":
+        return ["## Conversion", "", "Not trained here; converted with:", "",
+                *_code("bash", source.get("command") or "(not recorded)"), "",
+                *[f"- {_text(note)}" for note in source["notes"]], ""]
+    command = metrics.get("settings", {}).get("command") or "(not recorded)"
+    return ["## Training", "", *_code("bash", command), ""]
+
+
+def _training_figures(files: ModelDir) -> list[str]:
+    """The curves and the confusion matrix that training drew, those of them the folder has."""
+    shown = [("training curves", ModelDir.curves), ("confusion matrix", ModelDir.confusion_matrix)]
+    return [line for alt, name in shown if (files.folder / name).is_file() for line in (f"![{alt}]({name})", "")]
+
+
+def _usage_section(config: ViTConfig, reference: str, repo_id: str | None, onnx: bool) -> list[str]:
+    """How to run the model: Python, the command line, ONNX Runtime, the app, and its preprocessing."""
+    return [
         "## Usage", "",
         "Python (PyTorch):", "",
         *_code("python", "from vit_hub import VisionTransformer, predict_images",
@@ -202,55 +218,56 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
         "Command line:", "", *_code("bash", f"vit-hub predict --model {reference} image.png"), "",
         *_onnx_usage(reference, repo_id, onnx),
         "Gradio app with attention-rollout overlays:", "", *_code("bash", f"python app.py --model {reference}"), "",
-        f"Preprocessing (in `config.json`): {_canonicalisation(config)}convert to "
+        f"Preprocessing (in `{ModelDir.config}`): {_canonicalisation(config)}convert to "
         f"{'L' if config.in_channels == 1 else 'RGB'}, "
-        f"resize to {image_size} ({config.interpolation}), scale to [0, 1], normalise with {_normalisation(config)}.", "",
+        f"resize to {size_text(config.image_size)} ({config.interpolation}), scale to [0, 1], "
+        f"normalise with {_normalisation(config)}.", "",
     ]
-    return ModelCard("\n".join(sections))
 
 
-def _inside_section(model_dir: Path) -> list[str]:
-    """The views training drew of what the model learned (vit_hub/insight.py), each with its
-    one-sentence reading from inspect.json; nothing when the model dir has none."""
-    from .insight import FIGURES, REPORT
-
-    report = model_dir / REPORT
-    shown = [name for name, file in FIGURES.items() if (model_dir / file).is_file()]
-    if not report.is_file() or not shown:
+def _inside_section(files: ModelDir) -> list[str]:
+    """The views training drew of what the model learned (`vit-hub inspect`), each with its
+    one-sentence reading from inspect.json; nothing when the model dir has none. A view's
+    reading is keyed by its name, the stem of its figure's file (patch_filters.png)."""
+    shown = [name for name in INSPECT_FIGURES if (files.folder / name).is_file()]
+    if not files.inspect_report.is_file() or not shown:
         return []
     try:
-        readings = read_json(report).get("readings")
+        readings = read_json(files.inspect_report).get("readings")
     except (ValueError, AttributeError):  # not JSON, or not an object: the figures still show
         readings = None
     readings = readings if isinstance(readings, dict) else {}
     lines = ["## Inside the model", "",
              "The views of the ViT paper (Dosovitskiy et al. 2020, Figure 7): the patch projection's filters, "
              "the similarity of the position embeddings, and how far each head looks "
-             "(`vit-hub inspect`; numbers in `inspect.json`).", ""]
-    for name in shown:
-        lines += [f"![{name.replace('_', ' ')}]({FIGURES[name]})", "", _text(readings.get(name, "")), ""]
+             f"(`vit-hub inspect`; numbers in `{ModelDir.inspect_report}`).", ""]
+    for figure in shown:
+        view = Path(figure).stem
+        lines += [f"![{view.replace('_', ' ')}]({figure})", "", _text(readings.get(view, "")), ""]
     return lines
 
 
 def _onnx_usage(reference: str, repo_id: str | None, onnx: bool) -> list[str]:
     """ONNX Runtime snippet: files from the repo (or the folder), exported first if absent."""
-    onnx_path = "model.onnx" if repo_id else str(Path(reference) / "model.onnx")
-    lines = ["ONNX Runtime, no torch needed (`model.onnx` + `config.json`):", ""]
+    local = ModelDir(Path(reference))
+    graph, config = local.export.logits.name, ModelDir.config  # file names in a repo
+    onnx_path = graph if repo_id else str(local.export.logits)
+    lines = [f"ONNX Runtime, no torch needed (`{graph}` + `{config}`):", ""]
     if not onnx:
-        lines += [*_code("bash", f"python -m export --model {reference} --out {onnx_path}"), ""]
+        lines += [*_code("bash", f"python -m vit_hub.export --model {reference} --out {onnx_path}"), ""]
     if repo_id:
         paths = ["from huggingface_hub import hf_hub_download",
-                 f'config_path = hf_hub_download("{repo_id}", "config.json")',
-                 f'onnx_path = hf_hub_download("{repo_id}", "model.onnx")' if onnx else 'onnx_path = "model.onnx"']
+                 f'config_path = hf_hub_download("{repo_id}", "{config}")',
+                 f'onnx_path = hf_hub_download("{repo_id}", "{graph}")' if onnx else f'onnx_path = "{graph}"']
     else:
-        paths = [f'onnx_path, config_path = "{onnx_path}", "{Path(reference) / "config.json"}"']
-    return lines + [*_code("python", *paths, "from export import OnnxClassifier",
+        paths = [f'onnx_path, config_path = "{onnx_path}", "{local.config}"']
+    return lines + [*_code("python", *paths, "from vit_hub.export import OnnxClassifier",
                            "classifier = OnnxClassifier(onnx_path, config_path)",
                            'print(classifier.predict("image.png", top_k=3))'), ""]
 
 
-def _count_parameters(model_dir: Path) -> int | None:
-    weights = model_dir / "model.safetensors"
+def _count_parameters(weights: Path) -> int | None:
+    """How many numbers the weights file holds, from its header (None without one)."""
     if not weights.is_file():
         return None
     from safetensors import safe_open
@@ -272,7 +289,8 @@ def render_card_text(model_dir: Path, repo_id: str | None = None, onnx: bool | N
 
 
 def write_model_card(model_dir: Path, repo_id: str | None = None) -> Path:
-    path = Path(model_dir) / "README.md"
+    """The sealed card written as the model dir's README.md; returns its path."""
+    path = ModelDir(model_dir).card
     path.write_text(render_card_text(model_dir, repo_id), encoding="utf-8")
     return path
 

@@ -3,7 +3,7 @@
 Hub calls go to `HF_ENDPOINT` (read at call time) with the token from the `token`
 argument, `HF_TOKEN` or the cached login (`hf auth login`); the token is only ever sent in
 request headers. With `HF_HUB_OFFLINE=1` repo ids are served from the local cache.
-Problems a user can fix surface as a one-line `HubError` (a `ValueError`).
+Problems a user can fix surface as a one-line `HubError` (a `vit_hub.errors.UserError`).
 
 Edited cards are kept. Every card vit_hub writes is sealed with a checksum (see
 `vit_hub.card`). On push:
@@ -47,13 +47,9 @@ from huggingface_hub.utils import validate_repo_id
 from .errors import UserError
 from .card import is_generated_card, render_card_text
 from .config import ViTConfig
-from .layout import ExportLayout
+from .layout import PUBLISHED_FILES, ExportLayout, ModelDir
 from .storage import check_safetensors
 
-# What a model dir holds and a push uploads. Checkpoints and other files stay local.
-MODEL_FILES = ("config.json", "model.safetensors", "README.md", "metrics.json", "curves.png", "confusion_matrix.png",
-               "inspect.json", "patch_filters.png", "position_similarity.png", "attention_distance.png",
-               "source.json")  # where imported or fine-tuned weights came from (vit_hub/importing.py)
 DEFAULT_BRANCH = "main"
 LOGIN_HINT = "--token (token= in Python), HF_TOKEN or `hf auth login`"
 # Which README.md a push committed.
@@ -94,10 +90,10 @@ def resolve_model_dir(reference: str | Path, revision: str | None = None, token:
         check_model_dir(path, flag="--model", weights=not with_onnx)  # ONNX graphs need no weights
         return path
     if path.exists():
-        raise ValueError(f"--model: expected a model folder or a Hub repo id, got the file {reference}")
+        raise UserError(f"--model: expected a model folder or a Hub repo id, got the file {reference}")
     repo_id = _repo_id_or_missing_folder(str(reference))
     try:
-        config_path = _download(repo_id, "config.json", revision, token)
+        config_path = _download(repo_id, ModelDir.config, revision, token)
     except HubError as error:  # the user may have meant a folder: say both
         raise HubError(f"--model {reference}: no such folder here, and as a Hub repo: {error}") from error
     return _fetch_after_config(repo_id, config_path, revision, token, with_onnx)
@@ -107,14 +103,14 @@ def fetch_repo(repo_id: str, revision: str | None = None, token: str | None = No
     """A Hub repo id -> the cached snapshot folder holding its config and weights (the config
     is checked before the weights are downloaded). Problems are one-line `HubError`s."""
     check_repo_id(repo_id)
-    return _fetch_after_config(repo_id, _download(repo_id, "config.json", revision, token), revision, token)
+    return _fetch_after_config(repo_id, _download(repo_id, ModelDir.config, revision, token), revision, token)
 
 
 def _fetch_after_config(repo_id: str, config_path: Path, revision: str | None, token: str | None,
                         with_onnx: bool = False) -> Path:
     """Check the downloaded config, then fetch the weights (and the ONNX files there are)."""
     check_config(config_path, repo_id)
-    _download(repo_id, "model.safetensors", revision, token)
+    _download(repo_id, ModelDir.weights, revision, token)
     if with_onnx:
         for path in ExportLayout.for_model(config_path.parent).onnx_files:
             _download(repo_id, path.name, revision, token, required=False)
@@ -133,7 +129,7 @@ def pull(repo_id: str, out: str | Path, revision: str | None = None, token: str 
     check_repo_id(repo_id)
     out = Path(out)
     _check_pull_target(out, overwrite)
-    check_config(_download(repo_id, "config.json", revision, token), repo_id)
+    check_config(_download(repo_id, ModelDir.config, revision, token), repo_id)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.pulling-", dir=out.parent))
     try:
@@ -149,21 +145,21 @@ def pull(repo_id: str, out: str | Path, revision: str | None = None, token: str 
 
 def _check_pull_target(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: expected a folder (new or empty), found a file")
+        raise UserError(f"--out {out}: expected a folder (new or empty), found a file")
     if out.is_dir() and not overwrite and (names := sorted(path.name for path in out.iterdir())):
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        raise ValueError(f"--out {out}: expected a new or empty folder, found {shown} in it; --overwrite "
+        raise UserError(f"--out {out}: expected a new or empty folder, found {shown} in it; --overwrite "
                          f"replaces the folder whole")
 
 
 def _check_pulled(folder: Path, repo_id: str) -> None:
     """The pulled files make a model dir whose weights fit its config, or a one-line error."""
-    from .pretrained import check_weights_fit  # torch: the torch-free ONNX runtime never pulls
+    from .weight_checks import check_weights_fit  # torch: the torch-free ONNX runtime never pulls
 
-    if not (folder / "model.safetensors").is_file():
-        raise HubError(f"{repo_id} is not a vit_hub model: it has no model.safetensors")
-    check_weights_fit(ViTConfig.from_json(folder / "config.json"), folder / "model.safetensors",
-                      name=f"{repo_id}'s model.safetensors")
+    pulled = ModelDir(folder)
+    if not pulled.weights.is_file():
+        raise HubError(f"{repo_id} is not a vit_hub model: it has no {ModelDir.weights}")
+    check_weights_fit(ViTConfig.from_json(pulled.config), pulled.weights, name=f"{repo_id}'s {ModelDir.weights}")
 
 
 def _replace_folder(new: Path, target: Path) -> None:
@@ -180,14 +176,15 @@ def _replace_folder(new: Path, target: Path) -> None:
 
 def check_model_dir(model_dir: Path, flag: str = "--model", weights: bool = True) -> None:
     """A folder with a vit_hub config.json and (unless not `weights`) model.safetensors, or a one-line error."""
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{flag}: expected config.json in {model_dir}, found none")
-    check_config(model_dir / "config.json", str(model_dir))
-    if not weights and not (model_dir / "model.safetensors").exists():
+    files = ModelDir(model_dir)
+    if not files.config.is_file():
+        raise FileNotFoundError(f"{flag}: expected {ModelDir.config} in {model_dir}, found none")
+    check_config(files.config, str(model_dir))
+    if not weights and not files.weights.exists():
         return
-    if not (model_dir / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{flag}: expected model.safetensors in {model_dir}, found none")
-    check_safetensors(model_dir / "model.safetensors")  # a pickle or a cut file is never pushed or loaded
+    if not files.weights.is_file():
+        raise FileNotFoundError(f"{flag}: expected {ModelDir.weights} in {model_dir}, found none")
+    check_safetensors(files.weights)  # a pickle or a cut file is never pushed or loaded
 
 
 def check_config(path: Path, source: str) -> None:
@@ -329,15 +326,15 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
         repo_id: "OWNER/NAME".
         private: make the repo private when this push creates it (None: the Hub's default).
         with_onnx: also upload model.onnx, model_attentions.onnx and the export report, those
-            of them there are (`python -m export` writes them); model.onnx must be there.
+            of them there are (`python -m vit_hub.export` writes them); model.onnx must be there.
         revision: branch to commit to (default "main"); created from main if missing.
         commit_message: summary of the commit (default names the folder).
         token: Hub token; default HF_TOKEN, then the cached login.
         overwrite_card: replace a README.md that was edited on the Hub (otherwise kept).
     """
     model_dir = Path(model_dir)
-    names = [name for name in MODEL_FILES if name != "README.md"] + (onnx_files(model_dir) if with_onnx else [])
-    _refuse_links_out(model_dir, [*names, "README.md"], flag="push --model")  # README.md: read for the card
+    names = [name for name in PUBLISHED_FILES if name != ModelDir.card] + (onnx_files(model_dir) if with_onnx else [])
+    _refuse_links_out(model_dir, [*names, ModelDir.card], flag="push --model")  # the card: read, maybe sent
     check_model_dir(model_dir, flag="push --model")
     check_repo_id(repo_id, flag="--repo-id")
     files = [name for name in names if (model_dir / name).is_file()]  # regular files: no FIFO, no folder
@@ -350,7 +347,7 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
         card, card_source = _card_to_push(api, model_dir, repo_id, branch, with_onnx, overwrite_card)
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(model_dir / name)) for name in files]
         if card is not None:
-            operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
+            operations.append(CommitOperationAdd(path_in_repo=ModelDir.card, path_or_fileobj=card.encode("utf-8")))
         commit = api.create_commit(repo_id, operations, revision=branch,
                                    commit_message=commit_message or f"Upload vit_hub model from {model_dir.name}")
     return PushResult(repo_id=repo_id, revision=branch, commit_url=commit.commit_url,
@@ -380,7 +377,7 @@ def onnx_files(model_dir: Path) -> list[str]:
     layout = ExportLayout.for_model(model_dir)
     if not layout.logits.is_file():
         raise HubError(f"--with-onnx: expected {layout.logits.name} in {model_dir}, found none; export it first: "
-                       f"python -m export --model {model_dir} --out {model_dir} --output-attentions")
+                       f"python -m vit_hub.export --model {model_dir} --out {model_dir} --output-attentions")
     return [path.name for path in layout.onnx_files if path.is_file()]
 
 
@@ -390,7 +387,7 @@ def _card_to_push(api: HfApi, model_dir: Path, repo_id: str, branch: str, onnx: 
     remote = None if overwrite else _remote_card(api, repo_id, branch)
     if remote is not None and not is_generated_card(remote):
         return None, CARD_KEPT
-    local = model_dir / "README.md"
+    local = ModelDir(model_dir).card
     if local.is_file() and not is_generated_card(text := local.read_text(encoding="utf-8")):
         return text, CARD_LOCAL
     return render_card_text(model_dir, repo_id, onnx=onnx), CARD_GENERATED
@@ -400,7 +397,7 @@ def _remote_card(api: HfApi, repo_id: str, branch: str) -> str | None:
     """README.md on the Hub, or None when the repo has none. Downloaded outside the cache."""
     with tempfile.TemporaryDirectory() as folder:
         try:
-            path = api.hf_hub_download(repo_id, "README.md", revision=branch, local_dir=folder)
+            path = api.hf_hub_download(repo_id, ModelDir.card, revision=branch, local_dir=folder)
         except RemoteEntryNotFoundError:
             return None
         return Path(path).read_text(encoding="utf-8")
