@@ -1,5 +1,6 @@
-"""Inside the model (vit_hub/insight.py): known answers for every view, each patch embedding,
-both poolings and positions, the CLI, the card and the app's tab. Tiny models, offline."""
+"""Inside the model (vit_hub/insight.py, insight_figures.py, inspecting.py): known answers for
+every view, each patch embedding, both poolings and positions, the CLI, the card and the app's
+tab. Tiny models, offline."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import torch
 from conftest import tiny_config
 from PIL import Image
 
-from vit_hub import insight
+from vit_hub import insight, inspecting
 from vit_hub.card import render_card_text
 from vit_hub.cli import main as cli_main
 from vit_hub.config import ViTConfig
+from vit_hub.insight_figures import head_grid, view_images
+from vit_hub.layout import INSPECT_FIGURES
 from vit_hub.model import PatchEmbedding
-from vit_hub.positions import sincos_positions
 from vit_hub.pretrained import VisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,9 +103,12 @@ def test_attentions_of_the_wrong_size_are_refused():
 
 
 # 2. Position similarity ---------------------------------------------------------------------
-def test_sincos_positions_equal_the_models():
-    np.testing.assert_allclose(insight.sincos_positions(3, 5, 32), sincos_positions(3, 5, 32),
-                               atol=1e-6)
+def test_sincos_positions_are_the_models():
+    """The torch-free table the views measure is the one the model adds to its patch tokens."""
+    model = VisionTransformer(**tiny_config(image_size=[12, 20], embed_dim=32, pos_embedding="sincos"))  # 3x5
+    table = insight.position_table(None, model.config)
+    assert table.shape == (15, 32)
+    np.testing.assert_array_equal(table, model.pos_embedding[0].numpy())
 
 
 def test_sincos_similarity_is_one_on_the_diagonal_and_falls_off_with_distance():
@@ -200,7 +205,7 @@ def test_head_maps_read_the_pooled_row_per_head():
     mean_config = ViTConfig(**{**NON_SQUARE.to_dict(), "pooling": "mean"})
     mean_pooled = insight.head_maps(attention_of(rows, batch=1), mean_config)
     assert not mean_pooled.any()  # the patch tokens look everywhere alike: no patch stands out
-    grid = insight.head_grid(Image.new("L", (24, 8)), maps[:, 0], tile_height=20)
+    grid = head_grid(Image.new("L", (24, 8)), maps[:, 0], tile_height=20)
     assert grid.size == (2 * 30 + 3, 2 * 20 + 3)  # 2 heads x 2 layers of 2x3 patches, 10 px each
 
 
@@ -233,7 +238,7 @@ def test_cli_writes_the_figures_and_the_numbers(tmp_path, images, capsys):
     assert np.array(report["position_similarity"]).shape == (24, 24)
     assert 0 < sum(report["patch_filter_variance"]) <= 1.0
     assert report["data"].startswith("5 images from images")
-    for name in insight.FIGURES.values():
+    for name in INSPECT_FIGURES:
         assert (tmp_path / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -252,10 +257,11 @@ def test_cli_bad_input_is_one_line(tmp_path, images, capsys, args, message):
 
 def test_card_shows_the_views_with_their_readings(tmp_path, images):
     model_dir = saved(tmp_path, patch_embedding="convstem")
-    pixels, source = insight.load_pixels(images, ViTConfig.from_json(model_dir / "config.json"))
+    pixels, source = inspecting.load_pixels(images, ViTConfig.from_json(model_dir / "config.json"))
     model = VisionTransformer.from_pretrained(model_dir)
-    insight.compute_views(model.config, insight.read_weights(model_dir), insight.torch_attend(model),
-                          pixels, source).write(model_dir)
+    views = insight.compute_views(model.config, inspecting.read_weights(model_dir), insight.torch_attend(model),
+                                  pixels, source)
+    inspecting.write_views(views, model_dir)
     card = render_card_text(model_dir)
     assert "## Inside the model" in card and "![attention distance](attention_distance.png)" in card
     assert "Layer 1's heads attend" in card and "Not shown: this model has a convolutional stem" in card
@@ -269,7 +275,7 @@ def test_training_writes_the_views_into_the_model_dir(tmp_path, split_image_fold
                      "--patch-embedding", "conv", *TINY_TRAIN_FLAGS]) == 0
     report = json.loads((out / "inspect.json").read_text())
     assert report["data"].endswith("validation images") and len(report["mean_attention_distance"]) == 1
-    assert all((out / name).is_file() for name in insight.FIGURES.values())
+    assert all((out / name).is_file() for name in INSPECT_FIGURES)
     assert "![patch filters](patch_filters.png)" in (out / "README.md").read_text()
 
 
@@ -300,12 +306,20 @@ def test_figures_leave_pyplot_alone(tmp_path):
     pyplot, whose global state and backend belong to the caller (a notebook keeps its own)."""
     script = (
         "import sys\n"
-        "from vit_hub import insight, plots, sweep\n"
+        "from vit_hub import insight_figures, plots, sweep\n"
         f"plots.plot_curves([{{'epoch': 1, 'train_loss': 1.0, 'train_accuracy': 0.5}}], {str(tmp_path / 'c.png')!r})\n"
         f"plots.plot_confusion_matrix([[2, 1], [0, 3]], ['a', 'b'], {str(tmp_path / 'm.png')!r})\n"
-        "insight.figure_image(insight._note_figure('t', 'n'))\n"
+        "insight_figures.figure_image(insight_figures._note_figure('t', 'n'))\n"
         "assert 'matplotlib.pyplot' not in sys.modules\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert Image.open(tmp_path / "c.png").size[0] > 0 and Image.open(tmp_path / "m.png").size[0] > 0
+
+
+def test_the_analyses_and_figures_need_no_torch():
+    """The views are measured and drawn beside the app's torch-free ONNX backend (a Space)."""
+    script = ("import sys\nfrom vit_hub import insight, insight_figures\n"
+              "assert 'torch' not in sys.modules, 'torch imported'\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

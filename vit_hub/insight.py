@@ -1,5 +1,5 @@
 """Inside the model: the ViT paper's own views of what a trained ViT learned (Dosovitskiy et al.,
-2020, "An Image is Worth 16x16 Words", Figure 7 and Appendix D.7), for any vit_hub model.
+2020, "An Image is Worth 16x16 Words", Figure 7 and Appendix D.7), measured for any vit_hub model.
 
     patch_filters        principal components of the patch projection's filters, with the
                          share of variance each explains
@@ -8,10 +8,12 @@
                          weighted by the attention, averaged over images
     head_maps            for one image, each head's attention from the pooled token
 
-The math is NumPy on arrays: weights as read from model.safetensors (`read_weights`) or a
-model's state dict, attentions [depth, B, heads, T, T] from the torch model or the ONNX
-graph. Figures are matplotlib. Only `torch_attend` and `views_after_training` touch torch,
-and only when called.
+This module is the analyses alone: NumPy on arrays, no files and no drawing. Weights come as
+{name: array} (a model dir's model.safetensors, or a model's state dict), attentions
+[depth, B, heads, T, T] from the torch model or the ONNX graph. `vit_hub.insight_figures` draws
+the views; `vit_hub.inspecting` reads images and weights and writes the figures and inspect.json.
+Only `torch_attend` and `torch_weights` touch torch, and only when called: the app's ONNX
+backend runs these analyses without torch.
 
 Conventions. Token 0 is the class token, tokens 1..N the patches in row-major order. A
 patch sits at its centre, in the model input's pixels. The class token has no position, so a
@@ -25,107 +27,21 @@ attention on one patch, the grid's mean pairwise distance for uniform attention)
 
 from __future__ import annotations
 
-import io
-import json
-import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from matplotlib.figure import Figure  # figures of their own: no pyplot state, no backend to choose
-from matplotlib.lines import Line2D
-import numpy as np  # noqa: E402
-from matplotlib import colormaps
-from PIL import Image  # noqa: E402
+import numpy as np
 
-from .config import ViTConfig  # noqa: E402
-from .rollout import as_numpy, colour_table, scale_maps  # noqa: E402
-from .storage import reading_safetensors, write_text_atomically  # noqa: E402
+from .config import ViTConfig
+from .errors import UserError
+from .layout import ModelDir
+from .positions import sincos_positions
+from .rollout import as_numpy, scale_maps
 
-SAMPLES = Path(__file__).resolve().parents[1] / "samples"  # the bundled MNIST digits (a checkout)
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 PATCH_WEIGHT = "patch_embedding.to_tokens.weight"
-FIGURES = {"patch_filters": "patch_filters.png", "position_similarity": "position_similarity.png",
-           "attention_distance": "attention_distance.png"}
-REPORT = "inspect.json"
 SHOWN_COMPONENTS = 28  # as many principal components as the paper's Figure 7 shows
 LOCAL, GLOBAL = 0.5, 0.8  # a head is local below LOCAL x, global above GLOBAL x the uniform distance
 BATCH = 16  # images per forward pass when measuring attention distances
-
-
-# Inputs -----------------------------------------------------------------------------------
-def read_weights(model_dir: str | Path) -> dict[str, np.ndarray]:
-    """model.safetensors of a model dir -> {name: array}, checked first (never a pickle)."""
-    from safetensors.numpy import load_file
-
-    path = Path(model_dir) / "model.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"expected weights at {path}, found nothing")
-    with reading_safetensors(path):
-        return load_file(str(path))
-
-
-def sincos_positions(grid_h: int, grid_w: int, dim: int) -> np.ndarray:
-    """Fixed 2-D sine-cosine positions [grid_h * grid_w, dim], the NumPy twin of
-    `model.sincos_position_embedding` (a test holds them equal)."""
-    if dim % 4:
-        raise ValueError(f"sincos positions need embed_dim divisible by 4, got {dim}")
-    frequencies = 1.0 / 10000 ** (np.arange(dim // 4, dtype=np.float32) / (dim // 4))  # [dim/4]
-    ys, xs = np.meshgrid(np.arange(grid_h, dtype=np.float32), np.arange(grid_w, dtype=np.float32), indexing="ij")
-    y_angles = ys.reshape(-1, 1) * frequencies  # [N, dim/4]
-    x_angles = xs.reshape(-1, 1) * frequencies
-    return np.concatenate([np.sin(y_angles), np.cos(y_angles), np.sin(x_angles), np.cos(x_angles)], axis=1)
-
-
-def default_data(config: ViTConfig) -> Path | None:
-    """The bundled samples (MNIST digits) for a model of grayscale digits; None for any other."""
-    digits = config.in_channels == 1 and config.labels == [str(d) for d in range(10)]
-    return SAMPLES if digits and SAMPLES.is_dir() else None
-
-
-def load_pixels(data: str | Path, config: ViTConfig, count: int = 64, seed: int = 0,
-                data_root: str | None = None, split: str = "val") -> tuple[np.ndarray, str]:
-    """Up to `count` images of `data`, preprocessed as the config says -> ([B, C, H, W], description).
-
-    data: a folder of images (searched recursively, class subfolders or not), or anything
-    `vit-hub train --data` takes ('mnist', a torchvision name), read through its `split`.
-    """
-    from .preprocess import preprocess
-
-    if count < 1:
-        raise ValueError(f"--samples: expected at least one image, got {count}")
-    folder = Path(data)
-    if folder.is_dir():
-        paths = _image_files(folder)
-        if not paths:
-            raise ValueError(f"--data {data}: expected image files in the folder, found none")
-        picks = _pick(len(paths), count, seed)
-        images, source = [paths[i] for i in picks], f"{len(picks)} images from {folder.name or data}"
-    else:
-        from .data import load_splits
-
-        splits = load_splits(str(data), data_root)
-        dataset = splits.split(split)
-        picks = _pick(len(dataset), count, seed)
-        images, source = [dataset[i][0] for i in picks], f"{len(picks)} {split} images of {data}"
-    return np.stack([preprocess(image, config) for image in images]), source
-
-
-def _image_files(folder: Path) -> list[Path]:
-    """Image files under `folder`, at any depth, sorted."""
-    try:
-        return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-    except OSError as error:  # a subfolder that vanished or cannot be read
-        raise ValueError(f"--data {folder}: expected a folder of images that can be listed, found one that "
-                         f"cannot ({error.strerror or type(error).__name__})") from None
-
-
-def _pick(size: int, count: int, seed: int) -> list[int]:
-    """`count` of range(size) (all when fewer), drawn by `seed`, in ascending order."""
-    if size <= count:
-        return list(range(size))
-    return sorted(np.random.default_rng(seed).choice(size, size=count, replace=False).tolist())
 
 
 # 1. Patch-embedding filters ---------------------------------------------------------------
@@ -147,7 +63,7 @@ def patch_filters(weights: dict[str, np.ndarray] | None, config: ViTConfig,
                             "BatchNorm and ReLU, then a 1x1 projection): no single linear filter per patch, "
                             "so the paper's filter view does not apply")
     if weights is None:
-        return PatchFilters(None, None, "the filters need the model's weights (model.safetensors), "
+        return PatchFilters(None, None, f"the filters need the model's weights ({ModelDir.weights}), "
                             "which this backend does not have")
     kernel = _patch_kernel(weights, config)  # [D, C', p_h, p_w]
     note = f"the {kernel.shape[0]} filters of the patch projection"
@@ -166,7 +82,7 @@ def _patch_kernel(weights: dict[str, np.ndarray], config: ViTConfig) -> np.ndarr
     kernel = weights.get(PATCH_WEIGHT)
     if kernel is None or tuple(kernel.shape) != expected:
         found = "no such weight" if kernel is None else f"shape {list(kernel.shape)}"
-        raise ValueError(f"expected the patch projection {PATCH_WEIGHT} of shape {list(expected)} "
+        raise UserError(f"expected the patch projection {PATCH_WEIGHT} of shape {list(expected)} "
                          f"in the weights, found {found}")
     return np.asarray(kernel, dtype=np.float64)
 
@@ -217,7 +133,7 @@ def position_table(weights: dict[str, np.ndarray] | None, config: ViTConfig) -> 
     expected = (1, config.num_patches, config.embed_dim)
     if table is None or tuple(table.shape) != expected:
         found = "no such weight" if table is None else f"shape {list(table.shape)}"
-        raise ValueError(f"expected learned positions pos_embedding of shape {list(expected)} in the weights, "
+        raise UserError(f"expected learned positions pos_embedding of shape {list(expected)} in the weights, "
                          f"found {found}")
     return np.asarray(table[0], dtype=np.float64)
 
@@ -309,25 +225,6 @@ def head_maps(attentions: Any, config: ViTConfig) -> np.ndarray:
     return scale_maps(rows.reshape(*rows.shape[:-1], *config.grid_size))
 
 
-def head_grid(view: Image.Image, maps: np.ndarray, tile_height: int = 72, alpha: float = 0.55,
-              colormap: str = "jet") -> Image.Image:
-    """maps [depth, heads, grid_h, grid_w] in [0, 1] over `view` -> one RGB image: a row per layer
-    (first at the top), a column per head. Patches are drawn as blocks (each has one weight)."""
-    depth, heads, grid_h, grid_w = maps.shape
-    cell = max(1, round(tile_height / grid_h))  # pixels per patch side
-    tile_h, tile_w = grid_h * cell, grid_w * cell
-    base = np.asarray(view.convert("RGB").resize((tile_w, tile_h), Image.Resampling.BILINEAR))
-    colours = colour_table(colormap)[(np.clip(maps, 0.0, 1.0) * 255.0).round().astype(np.uint8)]  # [L, H, gh, gw, 3]
-    blocks = colours.repeat(cell, axis=2).repeat(cell, axis=3)  # [L, H, tile_h, tile_w, 3]
-    weight = round(alpha * 256)  # blend in 8-bit fixed point: uint16 holds 255 * 256
-    tiles = (blocks.astype(np.uint16) * weight + base.astype(np.uint16) * (256 - weight) + 128) >> 8
-    gap = 3
-    mosaic = np.full((depth, tile_h + gap, heads, tile_w + gap, 3), 255, dtype=np.uint8)
-    mosaic[:, :tile_h, :, :tile_w] = tiles.transpose(0, 2, 1, 3, 4)
-    mosaic = mosaic.reshape(depth * (tile_h + gap), heads * (tile_w + gap), 3)
-    return Image.fromarray(mosaic[:-gap, :-gap])
-
-
 # All views of one model -------------------------------------------------------------------
 @dataclass
 class ModelViews:
@@ -362,38 +259,11 @@ class ModelViews:
         }
 
     def readings(self) -> dict[str, str]:
+        """One sentence per view, from its numbers, by view name (figures and files use the same names)."""
         return {"patch_filters": read_filters(self.filters),
                 "position_similarity": read_positions(self.similarity, self.config, self.position_note),
                 "attention_distance": read_distances(self.distance, self.pooled_distance, self.config,
                                                      self.data_note)}
-
-    def figures(self) -> dict[str, Figure]:
-        return {"patch_filters": plot_patch_filters(self.filters, self.config),
-                "position_similarity": plot_position_similarity(self.similarity, self.config, self.position_note),
-                "attention_distance": plot_attention_distance(self.distance, self.pooled_distance, self.config,
-                                                              self.data_note)}
-
-    def images(self) -> dict[str, Image.Image]:
-        """The figures as PIL images (for the app)."""
-        return {name: figure_image(figure) for name, figure in self.figures().items()}
-
-    def write(self, out: str | Path) -> list[Path]:
-        """The three figures (PNG) and inspect.json into `out`; returns the paths written."""
-        out = check_out(out)
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, figure in self.figures().items():
-            written.append(out / FIGURES[name])
-            save_figure(figure, written[-1])
-        write_text_atomically(out / REPORT, json.dumps(self.report(), indent=1) + "\n")
-        return [out / REPORT, *written]
-
-
-def check_out(out: str | Path) -> Path:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out}: expected a folder (new or existing), found a file")
-    return out
 
 
 def compute_views(config: ViTConfig, weights: dict[str, np.ndarray] | None,
@@ -405,7 +275,7 @@ def compute_views(config: ViTConfig, weights: dict[str, np.ndarray] | None,
     if config.pos_embedding == "sincos":
         position_note = "fixed sin-cos positions, computed rather than learned"
     elif positions is None:
-        position_note = ("learned positions need the model's weights (model.safetensors), "
+        position_note = (f"learned positions need the model's weights ({ModelDir.weights}), "
                          "which this backend does not have")
     else:
         position_note = "learned positions"
@@ -471,131 +341,6 @@ def read_distances(distance: np.ndarray | None, pooled: np.ndarray | None, confi
             f"in layer 1 and {pooled[-1].mean():.1f} px in layer {depth} (mean of the heads).")
 
 
-# Figures -----------------------------------------------------------------------------------
-def plot_patch_filters(filters: PatchFilters, config: ViTConfig) -> Figure:
-    """The principal components as small images (one per channel for RGB), share of variance above each."""
-    if filters.components is None:
-        return _note_figure("Patch-embedding filters", filters.note)
-    count, channels, height, width = filters.components.shape
-    columns = min(7, count)
-    rows = math.ceil(count / columns)
-    mosaic = _filter_mosaic(filters.components, columns)
-    cell_h, cell_w = height + 4, channels * (width + 1) + 1
-    figure = Figure(figsize=(1.0 + 0.35 * columns * channels * width / 4, 1.0 + 0.45 * rows * height / 4))
-    axis = figure.subplots()
-    axis.imshow(mosaic, cmap=_diverging(), vmin=-1, vmax=1, interpolation="nearest")
-    for index, share in enumerate(filters.variance):  # a label over each component
-        row, column = divmod(index, columns)
-        axis.text(column * cell_w + cell_w / 2 - 0.5, row * cell_h + 1.2, f"{index + 1}: {share:.1%}",
-                  ha="center", va="center", fontsize=6)
-    axis.set_axis_off()
-    names = " (R, G, B side by side)" if channels == 3 else ""
-    axis.set_title(f"Patch-embedding filters: first {count} principal components{names}\n"
-                   f"with the share of variance each explains", fontsize=9)
-    figure.tight_layout()
-    return figure
-
-
-def _filter_mosaic(components: np.ndarray, columns: int) -> np.ndarray:
-    """[k, C, h, w] -> one 2-D array: components in a grid, channels side by side, each component
-    scaled by its largest magnitude, NaN (drawn white) in the gaps and the label row above."""
-    count, channels, height, width = components.shape
-    scaled = components / np.maximum(np.abs(components).max(axis=(1, 2, 3), keepdims=True), 1e-12)
-    tiles = np.pad(scaled, ((0, 0), (0, 0), (3, 1), (1, 0)), constant_values=np.nan)  # label row on top
-    cells = tiles.transpose(0, 2, 1, 3).reshape(count, height + 4, channels * (width + 1))  # [k, ch, cw]
-    cells = np.pad(cells, ((0, 0), (0, 0), (0, 1)), constant_values=np.nan)
-    rows = math.ceil(count / columns)
-    cells = np.pad(cells, ((0, rows * columns - count), (0, 0), (0, 0)), constant_values=np.nan)
-    cell_h, cell_w = cells.shape[1:]
-    return cells.reshape(rows, columns, cell_h, cell_w).transpose(0, 2, 1, 3).reshape(rows * cell_h, columns * cell_w)
-
-
-def plot_position_similarity(similarity: np.ndarray | None, config: ViTConfig, note: str) -> Figure:
-    """One small heat map per patch position (at its place in the grid): its cosine similarity to every position."""
-    if similarity is None:
-        return _note_figure("Position-embedding similarity", note)
-    grid_h, grid_w = config.grid_size
-    tiles = similarity.reshape(grid_h, grid_w, grid_h, grid_w)  # [row, col, row', col']
-    tiles = np.pad(tiles, ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=np.nan)
-    mosaic = tiles.transpose(0, 2, 1, 3).reshape(grid_h * (grid_h + 1), grid_w * (grid_w + 1))[:-1, :-1]
-    scale = min(6.0, max(3.0, 0.4 * max(grid_h, grid_w)))
-    longer = max(grid_h, grid_w)
-    figure = Figure(figsize=(scale * grid_w / longer + 1.4, scale * grid_h / longer + 0.8))
-    axis = figure.subplots()
-    low = min(0.0, float(np.nanmin(mosaic)))  # sin-cos positions never go negative: use the range
-    shown = axis.imshow(mosaic, cmap="viridis", vmin=low, vmax=1, interpolation="nearest")
-    axis.set_xticks(np.arange(grid_w) * (grid_w + 1) + (grid_w - 1) / 2, np.arange(1, grid_w + 1), fontsize=7)
-    axis.set_yticks(np.arange(grid_h) * (grid_h + 1) + (grid_h - 1) / 2, np.arange(1, grid_h + 1), fontsize=7)
-    axis.set_xlabel("input patch column")
-    axis.set_ylabel("input patch row")
-    axis.tick_params(length=0)
-    axis.set_frame_on(False)
-    figure.colorbar(shown, ax=axis, fraction=0.046, pad=0.04, label="cosine similarity")
-    axis.set_title(f"Position-embedding similarity ({config.pos_embedding})", fontsize=9)
-    figure.tight_layout()
-    return figure
-
-
-def plot_attention_distance(distance: np.ndarray | None, pooled: np.ndarray | None, config: ViTConfig,
-                            data_note: str) -> Figure:
-    """Mean attention distance against depth, one dot per head: patch queries, and the pooled token's spread."""
-    if distance is None:
-        return _note_figure("Mean attention distance", data_note)
-    depth, heads = distance.shape
-    layers = np.broadcast_to(np.arange(1, depth + 1)[:, None], (depth, heads))
-    colours = np.broadcast_to(np.arange(heads)[None], (depth, heads))
-    uniform = uniform_distance(config)
-    top = 1.1 * max(float(distance.max()), float(pooled.max()), uniform)
-    figure = Figure(figsize=(8.5, 3.6))
-    axes = figure.subplots(1, 2, sharey=True)
-    panels = ((axes[0], distance, "patch queries: distance to the keys"),
-              (axes[1], pooled, f"{pooled_token(config).split(' (')[0]}: spread of its attention"))
-    for axis, values, title in panels:  # two panels
-        points = axis.scatter(layers.ravel(), values.ravel(), c=colours.ravel(), cmap="tab10",
-                              vmin=0, vmax=9, s=18)
-        axis.axhline(uniform, color="grey", linestyle="--", linewidth=1, label=f"uniform attention ({uniform:.1f} px)")
-        axis.set_xlabel("network depth (layer)")
-        axis.set_xticks(np.arange(1, depth + 1))
-        axis.set_ylim(0, top)
-        axis.set_title(title, fontsize=9)
-        axis.grid(alpha=0.3)
-    axes[0].set_ylabel("mean attention distance (pixels)")
-    axes[0].legend(fontsize=7, loc="lower right")
-    if heads <= 10:
-        handles = [Line2D([], [], marker="o", linestyle="", color=points.cmap(points.norm(head)))
-                   for head in range(heads)]  # legend entries
-        axes[1].legend(handles, [f"head {h + 1}" for h in range(heads)], fontsize=7, loc="lower right", ncol=2)
-    figure.suptitle(f"Mean attention distance per head ({data_note})", fontsize=9)
-    figure.tight_layout()
-    return figure
-
-
-def _note_figure(title: str, note: str) -> Figure:
-    """A small figure that says why a view is not shown (instead of a fake one)."""
-    import textwrap
-
-    figure = Figure(figsize=(6, 1.8))
-    axis = figure.subplots()
-    axis.set_axis_off()
-    axis.text(0.5, 0.5, f"{title}: not shown\n\n" + textwrap.fill(note, 80), ha="center", va="center", fontsize=8)
-    return figure
-
-
-def _diverging():
-    return colormaps["RdBu_r"].with_extremes(bad="white")  # NaN gaps drawn white
-
-
-def save_figure(figure: Figure, path: Path) -> None:
-    figure.savefig(path, dpi=110)
-
-
-def figure_image(figure: Figure) -> Image.Image:
-    buffer = io.BytesIO()
-    save_figure(figure, buffer)
-    buffer.seek(0)
-    return Image.open(buffer).convert("RGB")
-
-
 # With the torch model ----------------------------------------------------------------------
 def torch_attend(model: Any) -> Callable[[np.ndarray], np.ndarray]:
     """A torch VisionTransformer as `attend`: float32 [b, C, H, W] -> attentions [depth, b, heads, T, T]."""
@@ -616,35 +361,3 @@ def torch_weights(model: Any) -> dict[str, np.ndarray]:
     return {name: tensor.detach().float().cpu().numpy() for name, tensor in model.state_dict().items()}
 
 
-def inspect_model(reference: str | Path, out: str | Path, data: str | None = None, data_root: str | None = None,
-                  split: str = "val", samples: int = 64, seed: int = 0) -> list[Path]:
-    """`vit-hub inspect`: views 1-3 of a model dir or Hub repo id written into `out`."""
-    from .hub import resolve_model_dir
-    from .pretrained import load_model
-
-    check_out(out)
-    model_dir = resolve_model_dir(reference)
-    model = load_model(model_dir)
-    data = data or default_data(model.config)
-    if data is None:
-        raise ValueError("inspect: expected --data (a folder of images, 'mnist' or a torchvision name) to measure "
-                         "attention distances on; the bundled samples are MNIST digits and fit only a digit model")
-    pixels, source = load_pixels(data, model.config, samples, seed, data_root, split)
-    views = compute_views(model.config, read_weights(model_dir), torch_attend(model), pixels, source)
-    return views.write(out)
-
-
-def views_after_training(model: Any, out: Path, dataset: Any, samples: int = 64, seed: int = 0) -> list[Path]:
-    """The views of a model that just finished training, written into its model dir. dataset:
-    (pixels tensor [C, H, W], label) pairs as evaluation reads them (the validation split), or None.
-    A failure here is reported as a warning: it must not cost the trained model its card."""
-    try:
-        pixels = None
-        if dataset is not None and len(dataset):
-            picks = _pick(len(dataset), samples, seed)
-            pixels = np.stack([np.asarray(dataset[i][0], dtype=np.float32) for i in picks])
-        note = f"{len(pixels)} validation images" if pixels is not None else "no validation images"
-        return compute_views(model.config, torch_weights(model), torch_attend(model), pixels, note).write(out)
-    except (ValueError, OSError) as error:
-        print(f"warning: the views of what the model learned were not drawn: {error}", file=sys.stderr)
-        return []
