@@ -13,7 +13,8 @@ from conftest import digit_on_paper
 from PIL import Image, ImageDraw, ImageFilter, ImageOps
 from scipy import ndimage
 
-from vit_hub import data as vdata
+from vit_hub.augmentation import TrainTransform
+from vit_hub.batches import EvalTransform
 from vit_hub.canonical import STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
 from vit_hub.config import ViTConfig
 from vit_hub.preprocess import preprocess, to_model_domain, to_model_mode
@@ -70,6 +71,15 @@ def test_the_digit_fills_the_configured_box_and_is_centred_by_mass():
     rows, cols = np.nonzero(result > 128)
     assert rows.max() - rows.min() + 1 == round(32 * 20 / 28)  # the tall side fills the 20/28 box
     assert abs(rows.mean() - 16) < 1.5 and abs(cols.mean() - 24) < 1.5
+
+
+def test_a_drawing_in_two_grey_levels_is_a_digit():
+    """Every mark has the same contrast (no anti-aliasing, no noise): one class of ink."""
+    page = Image.new("L", (40, 36), 235)
+    ImageDraw.Draw(page).line((8, 6, 24, 30), fill=20, width=3)
+    result = np.asarray(centre_digit(page, (28, 28)))
+    rows, cols = np.nonzero(result > 128)
+    assert rows.max() - rows.min() + 1 == 20 and abs(rows.mean() - 14) < 1.5 and abs(cols.mean() - 14) < 1.5
 
 
 @pytest.mark.parametrize("image", [Image.new("RGB", (400, 400), "white"), Image.new("L", (50, 50), 0),
@@ -216,7 +226,7 @@ def photo_files(root: Path) -> list[Path]:
 
 
 def test_torch_onnx_and_training_transforms_see_the_same_pixels(photos):
-    from export import OnnxClassifier
+    from vit_hub.export import OnnxClassifier
     from vit_hub.pretrained import load_model
     from vit_hub.predict import predict_images
 
@@ -225,8 +235,8 @@ def test_torch_onnx_and_training_transforms_see_the_same_pixels(photos):
     files = photo_files(photos)
     expected = np.stack([preprocess(path, model.config) for path in files])
     np.testing.assert_array_equal(classifier.preprocess(files), expected)
-    evaluated = vdata.EvalTransform(model.config)
-    unaugmented = vdata.TrainTransform(model.config, "none")
+    evaluated = EvalTransform(model.config)
+    unaugmented = TrainTransform(model.config, "none")
     with Image.open(files[0]) as image:
         np.testing.assert_array_equal(evaluated(image).numpy(), expected[0])
         np.testing.assert_array_equal(unaugmented(image).numpy(), expected[0])

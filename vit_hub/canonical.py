@@ -139,7 +139,10 @@ class Paper:
 
 def _upper_class(values: np.ndarray) -> np.ndarray:
     """The values above Otsu's threshold: the split of a histogram into two classes with the
-    largest variance between their means."""
+    largest variance between their means. Marks all of one contrast (a drawing in two grey
+    levels) are one class, and a histogram of a range that narrow cannot be binned."""
+    if np.ptp(values) < 1e-6:
+        return values
     counts, edges = np.histogram(values, bins=64)
     centres = (edges[:-1] + edges[1:]) / 2
     below = np.cumsum(counts)[:-1]  # [63] values below each candidate split
