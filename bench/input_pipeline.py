@@ -12,7 +12,7 @@ training step receives them (normalised float32 [B, 3, 224, 224] on the device, 
   * before: vit_hub/data.py as of commit 3875729 (read with `git show` into a temporary
     module): every worker decodes, augments with torchvision's transforms on PIL images,
     normalises in NumPy and sends float32 tensors.
-  * now: vit_hub.data: uint8 tensors from the workers, colour jitter as one affine colour map,
+  * now: vit_hub.augmentation and vit_hub.batches: uint8 tensors from the workers, colour jitter as one affine colour map,
     normalisation and erasing in the step (`ModelInput`).
   * timm: `timm.data.create_loader` with the same crop, flip, RandAugment ('rand-m9-n2'),
     erasing (re_prob 0.25, const) and colour jitter, which timm drops when RandAugment is on
@@ -50,6 +50,7 @@ from PIL import Image, ImageDraw
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from vit_hub import augmentation, batches  # noqa: E402
 from vit_hub import data as vdata  # noqa: E402
 from vit_hub.config import ViTConfig  # noqa: E402
 
@@ -63,6 +64,10 @@ def old_data_module():
     resolve against today's package: config, colour and preprocess)."""
     source = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE}:vit_hub/data.py"], capture_output=True,
                             text=True, check=True).stdout
+    # today's normalize takes channels-first pixels ([..., C, H, W]); the old loader gave it HxWxC
+    source = source.replace("from .preprocess import normalize,", "from .preprocess import channels_first, normalize,")
+    source = source.replace("normalize(np.asarray(image), self.config)",
+                            "normalize(channels_first(np.asarray(image)), self.config)")
     module = types.ModuleType("vit_hub._data_before")
     module.__package__ = "vit_hub"
     module.__file__ = vdata.__file__  # BUNDLED_MNIST: the package folder
@@ -137,11 +142,11 @@ class Now:
 
     def __init__(self, folder: Path, batch: int, workers: int):
         splits = vdata.load_splits(str(folder), val_split=0.0)
-        transform = vdata.TrainTransform(config(), "photos")
-        dataset = vdata.SeededAugmentation(splits.train, transform, seed=0)
+        transform = augmentation.TrainTransform(config(), "photos")
+        dataset = batches.SeededAugmentation(splits.train, transform, seed=0)
         self.model_input = transform.model_input
-        self.sampler = vdata.EpochSampler(len(dataset), 0, batch, drop_last=True)
-        self.loader = vdata.make_loader(dataset, batch, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
+        self.sampler = batches.EpochSampler(len(dataset), 0, batch, drop_last=True)
+        self.loader = batches.make_loader(dataset, batch, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
                                         sampler=self.sampler)
 
     def batches(self, epoch: int):

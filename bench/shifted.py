@@ -123,7 +123,8 @@ def train_resnet(data: str, out: Path, epochs: int, batch_size: int, image_size:
     from torch.utils.data import DataLoader
     from torchvision.models import resnet18
 
-    from vit_hub.data import default_workers, load_splits
+    from vit_hub.batches import default_workers
+    from vit_hub.data import load_splits
 
     torch.manual_seed(seed)
     splits = load_splits(data, val_split=VAL_SPLIT, seed=seed)

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import CLASSES, in_mode, tiny_config, write_class_folders
-from PIL import Image
+from PIL import Image, ImageDraw
 
-from vit_hub import data as vdata
+from vit_hub import augmentation, batches, folders
+from vit_hub.augmentation import TrainTransform, resolve_augment
+from vit_hub.batches import EvalTransform, Transformed, make_loader
 from vit_hub.config import ViTConfig
-from vit_hub.data import (
-    DataError, EvalTransform, TrainTransform, compute_mean_std, describe_images, load_splits, make_loader,
-    resolve_augment, stratified_split, targets_of,
-)
+from vit_hub.data import compute_mean_std, describe_images, load_splits, stratified_split, targets_of
+from vit_hub.errors import DataError
 from vit_hub.preprocess import preprocess, preprocess_batch
 
 LABELS = sorted(CLASSES)
@@ -36,7 +36,7 @@ def image_files(root):
 def test_folder_is_listed_without_reading_and_the_corrupt_file_reported_when_met(image_folder, corrupt_file,
                                                                                  capsys, monkeypatch):
     opened = []
-    monkeypatch.setattr(vdata, "open_image", lambda path, name=None: opened.append(path) or Image.new("L", (4, 4)))
+    monkeypatch.setattr(folders, "open_image", lambda path, name=None: opened.append(path) or Image.new("L", (4, 4)))
     splits = load_splits(str(image_folder), val_split=0.25, seed=0)
     assert opened == [] and splits.skipped == [] and splits.skipped_report() is None  # listed, not read
     monkeypatch.undo()
@@ -74,7 +74,7 @@ def test_strict_fails_on_the_corrupt_file_naming_it_when_read(image_folder, corr
 @pytest.mark.parametrize("strict", [False, True])
 def test_files_that_loader_workers_cannot_read_reach_the_main_process(image_folder, corrupt_file, strict):
     splits = load_splits(str(image_folder), strict=strict, val_split=0.0)
-    dataset = vdata.Transformed(splits.train, EvalTransform(identity_config()))
+    dataset = Transformed(splits.train, EvalTransform(identity_config()))
     loader = make_loader(dataset, 8, shuffle=False, seed=0, num_workers=2, pin_memory=False)
     assert sum(len(labels) for _, labels in loader) == len(splits.train) == 49  # the corrupt one replaced
     assert splits.skipped == [str(corrupt_file)]
@@ -88,7 +88,7 @@ def test_files_that_loader_workers_cannot_read_reach_the_main_process(image_fold
 def test_folders_are_listed_in_imagefolders_order(split_image_folder):
     from torchvision.datasets import ImageFolder
 
-    index = vdata.index_image_folder(split_image_folder)
+    index = folders.index_image_folder(split_image_folder)
     for part in ("train", "test"):
         reference = ImageFolder(str(split_image_folder / part), allow_empty=True)
         assert index.parts[part] == reference.samples and index.classes == reference.classes
@@ -274,8 +274,8 @@ def test_training_and_evaluation_datasets_see_the_same_pixels_as_preprocess(spli
     """What the trainer feeds (unaugmented) and evaluates equals what inference computes from the file."""
     config = ViTConfig(**tiny_config(in_channels=channels, image_size=[16, 24], mean=0.4, std=0.2))
     splits = load_splits(str(split_image_folder), val_split=0.0)
-    pairs = [(vdata.Transformed(splits.train, TrainTransform(config, augment="none")), splits.train),
-             (vdata.Transformed(splits.test, EvalTransform(config)), splits.test)]
+    pairs = [(Transformed(splits.train, TrainTransform(config, augment="none")), splits.train),
+             (Transformed(splits.test, EvalTransform(config)), splits.test)]
     for dataset, folder in pairs:
         for index, (path, label) in enumerate(folder.samples):
             pixels, loaded_label = dataset[index]
@@ -436,7 +436,7 @@ def test_loader_order_depends_only_on_the_seed():
 
 def test_transformed_yields_tensors_and_int_labels(split_image_folder):
     splits = load_splits(str(split_image_folder))
-    dataset = vdata.Transformed(splits.test, EvalTransform(identity_config()))
+    dataset = Transformed(splits.test, EvalTransform(identity_config()))
     pixels, label = dataset[len(dataset) - 1]
     assert pixels.shape == (3, 16, 16) and label == 1 and type(label) is int
 
@@ -452,11 +452,39 @@ def augmented_epochs(dataset, sampler, workers: int, epochs=(0, 1)) -> list[torc
     """Each epoch's samples as the training step sees them (finished by ModelInput)."""
     loader = make_loader(dataset, 4, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
                          sampler=sampler, persistent_workers=True)
-    batches = []
+    per_epoch = []
     for epoch in epochs:
         sampler.set_epoch(epoch)
-        batches.append(torch.cat([dataset.transform.model_input(pixels, boxes) for pixels, _, boxes in loader]))
-    return batches
+        per_epoch.append(torch.cat([dataset.transform.model_input(pixels, boxes) for pixels, _, boxes in loader]))
+    return per_epoch
+
+
+def test_digits_are_canonicalised_once_and_augmented_as_if_canonicalised_each_time(tmp_path):
+    """With `canonicalize: digit` the training set keeps each image's canonical form; every
+    epoch's samples equal those of a dataset that canonicalises each image anew."""
+    for name in ("ring", "bar"):
+        (tmp_path / name).mkdir()
+        for index in range(3):  # dark strokes on white paper, of three sizes and places
+            page = Image.new("L", (40 + 10 * index, 36), 235)
+            box = (8 + index, 6, 24 + 4 * index, 30)
+            if name == "ring":
+                ImageDraw.Draw(page).ellipse(box, outline=20, width=3)
+            else:
+                ImageDraw.Draw(page).line(box, fill=20, width=3)
+            page.save(tmp_path / name / f"{index}.png")
+    splits = load_splits(str(tmp_path), val_split=0.0)
+    config = ViTConfig(**tiny_config(in_channels=1, image_size=[28, 28], canonicalize="digit"))
+    transform = TrainTransform(config, "digits")
+    kept = batches.SeededAugmentation(splits.train, transform, seed=4)
+    anew = batches.SeededAugmentation(splits.train, transform, seed=4, keep_domain=False)
+    assert kept.images.keep and not anew.images.keep
+    keys = range(3 * len(kept))  # three epochs: the first canonicalises, the next two reuse
+    for key in keys:
+        (pixels, label, box), (expected, expected_label, expected_box) = kept[key], anew[key]
+        assert torch.equal(pixels, expected) and label == expected_label and torch.equal(box, expected_box), key
+    assert sorted(kept.images.kept) == list(range(len(kept))) and anew.images.kept == {}
+    photos = ViTConfig(**tiny_config(in_channels=1, image_size=[28, 28]))
+    assert not batches.SeededAugmentation(splits.train, TrainTransform(photos, "none"), seed=4).images.keep
 
 
 def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder):
@@ -464,10 +492,10 @@ def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder):
     workers, and the main process's RNG state change nothing."""
     splits = load_splits(str(split_image_folder))
     config = ViTConfig(**tiny_config(image_size=[16, 16]))
-    dataset = vdata.SeededAugmentation(splits.train, TrainTransform(config, "photos"), seed=3)
+    dataset = batches.SeededAugmentation(splits.train, TrainTransform(config, "photos"), seed=3)
 
     def sampler():
-        return vdata.EpochSampler(len(dataset), seed=3, batch_size=4, drop_last=True)
+        return batches.EpochSampler(len(dataset), seed=3, batch_size=4, drop_last=True)
 
     torch.manual_seed(0)
     in_process = augmented_epochs(dataset, sampler(), workers=0)
@@ -480,8 +508,8 @@ def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder):
 
 @pytest.mark.parametrize("size, batch, drop_last", [(30, 8, True), (30, 8, False), (7, 16, False)])
 def test_each_process_takes_its_share_of_the_single_process_batches(size, batch, drop_last):
-    single = list(vdata.EpochSampler(size, seed=5, batch_size=batch, drop_last=drop_last))
-    shares = [list(vdata.EpochSampler(size, seed=5, batch_size=batch, drop_last=drop_last, rank=rank, world_size=2))
+    single = list(batches.EpochSampler(size, seed=5, batch_size=batch, drop_last=drop_last))
+    shares = [list(batches.EpochSampler(size, seed=5, batch_size=batch, drop_last=drop_last, rank=rank, world_size=2))
               for rank in range(2)]
     per_rank = batch // 2
     for step in range(0, len(single), batch):
@@ -491,7 +519,7 @@ def test_each_process_takes_its_share_of_the_single_process_batches(size, batch,
 
 
 def test_sampler_keys_name_the_epoch_and_the_index():
-    sampler = vdata.EpochSampler(10, seed=0, batch_size=5, drop_last=True)
+    sampler = batches.EpochSampler(10, seed=0, batch_size=5, drop_last=True)
     sampler.set_epoch(3)
     keys = list(sampler)
     assert sorted(key - 30 for key in keys) == list(range(10))
@@ -516,7 +544,7 @@ def test_model_input_erases_only_the_boxes_after_normalising():
     config = ViTConfig(**tiny_config(image_size=[8, 12], mean=0.2, std=0.5))
     pixels = torch.full((2, 3, 8, 12), 255, dtype=torch.uint8)
     boxes = torch.tensor([[1, 2, 3, 4], [0, 0, 0, 0]], dtype=torch.int32)
-    images = vdata.ModelInput(config)(pixels, boxes)
+    images = augmentation.ModelInput(config)(pixels, boxes)
     erased = torch.zeros(8, 12, dtype=torch.bool)
     erased[1:4, 2:6] = True
     assert (images[0][:, erased] == 0).all()
@@ -525,8 +553,8 @@ def test_model_input_erases_only_the_boxes_after_normalising():
 
 def test_erasing_boxes_fit_and_blank_about_a_quarter_of_the_images():
     torch.manual_seed(0)
-    boxes = [vdata.erasing_box(20, 30) for _ in range(400)]
-    drawn = [box for box in boxes if box != vdata.NO_BOX]
+    boxes = [augmentation.erasing_box(20, 30) for _ in range(400)]
+    drawn = [box for box in boxes if box != augmentation.NO_BOX]
     assert 60 <= len(drawn) <= 140
     assert all(0 <= top and top + height <= 20 and 0 <= left and left + width <= 30 and height and width
                for top, left, height, width in drawn)
@@ -535,24 +563,24 @@ def test_erasing_boxes_fit_and_blank_about_a_quarter_of_the_images():
 def test_colour_jitter_is_one_affine_map_that_keeps_grey_and_turns_hue():
     grey = Image.new("RGB", (8, 8), (90, 90, 90))
     torch.manual_seed(0)
-    jittered = np.asarray(vdata.colour_jitter(grey, brightness=0.0, contrast=0.0, saturation=0.3, hue=0.1))
+    jittered = np.asarray(augmentation.colour_jitter(grey, brightness=0.0, contrast=0.0, saturation=0.3, hue=0.1))
     assert (jittered == 90).all()  # saturation and hue leave grey alone
     red = Image.new("RGB", (8, 8), (150, 100, 100))
-    assert (np.asarray(vdata.colour_jitter(red, 0.0, 0.0, 0.0, 0.0)) == (150, 100, 100)).all()  # all factors 1
-    turned = np.asarray(vdata.colour_jitter(red, 0.0, 0.0, 0.0, 0.1)).astype(int)[0, 0]
+    assert (np.asarray(augmentation.colour_jitter(red, 0.0, 0.0, 0.0, 0.0)) == (150, 100, 100)).all()  # all factors 1
+    turned = np.asarray(augmentation.colour_jitter(red, 0.0, 0.0, 0.0, 0.1)).astype(int)[0, 0]
     assert turned.sum() == pytest.approx(350, abs=2)  # a turn about the grey axis keeps R + G + B
     assert turned.tolist() != [150, 100, 100]
-    third = vdata._hue_turn(2 * np.pi / 3)
+    third = augmentation._hue_turn(2 * np.pi / 3)
     np.testing.assert_allclose(third @ [1, 0, 0], [0, 1, 0], atol=1e-12)  # red -> green, as a hue shift turns it
-    brighter = np.asarray(vdata.colour_jitter(Image.new("L", (4, 4), 100), 0.3, 0.0, 0.3, 0.1))
+    brighter = np.asarray(augmentation.colour_jitter(Image.new("L", (4, 4), 100), 0.3, 0.0, 0.3, 0.1))
     assert brighter.min() == brighter.max() and 70 <= brighter[0, 0] <= 130  # "L": a lookup table
 
 
 def test_per_core_worker_choice_follows_the_device(monkeypatch):
-    monkeypatch.setattr(vdata.os, "cpu_count", lambda: 16)
-    assert vdata.default_workers() == 8  # CPU: half the cores run the model
-    assert vdata.default_workers("cpu", processes=2) == 4
-    assert vdata.default_workers("cuda") == 15  # GPU: all but the training loop's core
-    assert vdata.default_workers("cuda", processes=8) == 1
-    monkeypatch.setattr(vdata.os, "cpu_count", lambda: 64)
-    assert vdata.default_workers("cuda") == 16
+    monkeypatch.setattr(batches.os, "cpu_count", lambda: 16)
+    assert batches.default_workers() == 8  # CPU: half the cores run the model
+    assert batches.default_workers("cpu", processes=2) == 4
+    assert batches.default_workers("cuda") == 15  # GPU: all but the training loop's core
+    assert batches.default_workers("cuda", processes=8) == 1
+    monkeypatch.setattr(batches.os, "cpu_count", lambda: 64)
+    assert batches.default_workers("cuda") == 16

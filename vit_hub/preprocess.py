@@ -2,7 +2,8 @@
 
 Evaluation, prediction, the ONNX runtime and the app all call `preprocess`, and the
 training transforms start with `to_model_domain` (the config's canonicalisation, then the
-model's mode) and end with the same resize and normalisation, so every path feeds the
+model's mode) and end with the same resize and normalisation (`normalize` also takes torch
+tensors: training normalises its batches on the device with it), so every path feeds the
 model identical pixels.
 """
 
@@ -17,9 +18,15 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .canonical import centre_digit
-from .config import ViTConfig
+from .config import ViTConfig, size_text
+from .errors import UserError
 
 ImageInput = Union[str, Path, Image.Image, np.ndarray]
+Pixels = Any  # a NumPy array or a torch tensor (this module does not import torch)
+
+# The smallest standard deviation a pixel value is divided by: a flat channel (one grey level,
+# std 0) stays finite.
+MIN_STD = 1 / 255
 
 # Largest image we agree to decode (pixels), checked from the file's header before decoding.
 # Callers serving untrusted requests pass a lower `max_pixels` (the app: app.APP_MAX_PIXELS).
@@ -52,7 +59,7 @@ def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_
             image.load()
         except (OSError, SyntaxError, ValueError) as error:  # truncated or corrupt data
             detail = str(error).replace(str(path), shown)
-            raise ValueError(f"{shown} is not a readable image: expected complete image data, "
+            raise UserError(f"{shown} is not a readable image: expected complete image data, "
                              f"found data that does not decode ({detail})") from None
         return image
 
@@ -72,20 +79,20 @@ def _opened(path: Path | BinaryIO, shown: str, max_pixels: int = MAX_PIXELS) -> 
             return Image.open(path)
     except Image.DecompressionBombError:
         found = f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0) / 1e6:.0f} megapixels"
-        raise ValueError(f"{shown} is too large: expected {pixel_limit(max_pixels)}, found {found}") from None
+        raise UserError(f"{shown} is too large: expected {pixel_limit(max_pixels)}, found {found}") from None
     except UnidentifiedImageError:
-        raise ValueError(f"{shown} is not a readable image: expected a format Pillow reads "
+        raise UserError(f"{shown} is not a readable image: expected a format Pillow reads "
                          f"(PNG, JPEG, WebP, BMP, TIFF, ...), found none it recognises") from None
     except OSError as error:
-        raise ValueError(f"{shown} is not a readable image: expected a file that can be opened, found one "
+        raise UserError(f"{shown} is not a readable image: expected a file that can be opened, found one "
                          f"that cannot ({error.strerror or type(error).__name__})") from None
 
 
 def check_pixels(width: int, height: int, shown: str = "the image", max_pixels: int = MAX_PIXELS) -> None:
     """An image larger than `max_pixels` is refused (before decoding, when read from a file)."""
     if width * height > max_pixels:
-        raise ValueError(f"{shown} is too large: expected {pixel_limit(max_pixels)}, "
-                         f"found {width}x{height} ({width * height / 1e6:.0f} megapixels)")
+        raise UserError(f"{shown} is too large: expected {pixel_limit(max_pixels)}, "
+                        f"found {size_text((width, height))} ({width * height / 1e6:.0f} megapixels)")
 
 
 def _from_array(array: np.ndarray) -> Image.Image:
@@ -93,19 +100,19 @@ def _from_array(array: np.ndarray) -> Image.Image:
     if array.ndim == 3 and array.shape[-1] == 1:
         array = array[..., 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
-        raise ValueError(
+        raise UserError(
             f"expected an image array of shape HxW, HxWx3 or HxWx4, got shape {list(array.shape)}"
         )
     if array.dtype == np.uint16:
         array = (array / 257.0).round().astype(np.uint8)
     elif np.issubdtype(array.dtype, np.floating):
         if array.size and (np.nanmin(array) < 0.0 or np.nanmax(array) > 1.0):
-            raise ValueError("expected a float image array with values in [0, 1]")
+            raise UserError("expected a float image array with values in [0, 1]")
         array = (np.nan_to_num(array) * 255.0).round().astype(np.uint8)
     elif array.dtype == np.bool_:
         array = array.astype(np.uint8) * 255
     elif array.dtype != np.uint8:
-        raise ValueError(f"expected a uint8, uint16 or float image array, got dtype {array.dtype}")
+        raise UserError(f"expected a uint8, uint16 or float image array, got dtype {array.dtype}")
     return Image.fromarray(array)
 
 
@@ -123,7 +130,7 @@ def load_image(source: ImageInput) -> Image.Image:
         image = ImageOps.exif_transpose(image)
     width, height = image.size
     if width < 2 or height < 2:
-        raise ValueError(f"expected an image at least 2x2 pixels, got {width}x{height}")
+        raise UserError(f"expected an image at least 2x2 pixels, got {size_text((width, height))}")
     check_pixels(width, height)
     return image
 
@@ -157,19 +164,34 @@ def resize(image: Image.Image, config: ViTConfig) -> Image.Image:
     return image.resize((width, height), Image.Resampling[config.interpolation.upper()])
 
 
-def normalize(pixels: np.ndarray, config: ViTConfig) -> np.ndarray:
-    """uint8 HxW or HxWxC -> float32 [C, H, W], scaled to [0, 1] then (x - mean) / std, with
-    the config's mean and std, or with the image's own per channel (`pixel_norm="image"`:
-    a colour cast, another stain or exposure changes the input far less)."""
-    array = pixels.astype(np.float32) / 255.0
-    array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+def channels_first(pixels: np.ndarray) -> np.ndarray:
+    """An image's pixels HxW or HxWxC -> [C, H, W] (a view, not a copy)."""
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
+def dataset_stats(config: ViTConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The config's mean and std per channel, float32 [C, 1, 1] (broadcast over [..., C, H, W])."""
+    return tuple(np.asarray(values, dtype=np.float32).reshape(-1, 1, 1) for values in (config.mean, config.std))
+
+
+def normalize(pixels: Pixels, config: ViTConfig, stats: tuple[Pixels, Pixels] | None = None) -> Pixels:
+    """uint8 pixels [..., C, H, W] -> float32, scaled to [0, 1] then (x - mean) / std per
+    channel: the config's mean and std, or each image's own (`pixel_norm="image"`: a colour
+    cast, another stain or exposure changes the input far less).
+
+    The one normalisation of every path. `pixels` is a NumPy array (`preprocess`: the app,
+    ONNX Runtime, evaluation) or a torch tensor on any device (training's `ModelInput`);
+    both run these same float32 operations, so with the config's mean and std a training
+    batch equals `preprocess` bit for bit. `stats` is `dataset_stats` already on the
+    tensor's device, for a caller that normalises many batches there."""
+    images = (pixels.astype(np.float32) if isinstance(pixels, np.ndarray) else pixels.float()) / 255.0
     if config.pixel_norm == "image":
-        mean = array.mean(axis=(1, 2), keepdims=True)
-        std = np.maximum(array.std(axis=(1, 2), keepdims=True), 1 / 255)  # a flat channel stays finite
+        mean = images.mean(axis=(-2, -1), keepdims=True)
+        std = (((images - mean) ** 2).mean(axis=(-2, -1), keepdims=True) ** 0.5).clip(MIN_STD)
     else:
-        mean = np.asarray(config.mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(config.std, dtype=np.float32)[:, None, None]
-    return (array - mean) / std
+        mean, std = stats or tuple(values if isinstance(images, np.ndarray) else images.new_tensor(values)
+                                   for values in dataset_stats(config))
+    return (images - mean) / std
 
 
 def to_model_domain(image: Image.Image, config: ViTConfig) -> Image.Image:
@@ -182,7 +204,7 @@ def to_model_domain(image: Image.Image, config: ViTConfig) -> Image.Image:
 
 def model_pixels(image: Image.Image, config: ViTConfig) -> np.ndarray:
     """An image in the model's domain (`to_model_domain`) -> float32 [C, H, W]."""
-    return normalize(np.asarray(resize(image, config)), config)
+    return normalize(channels_first(np.asarray(resize(image, config))), config)
 
 
 def preprocess(source: ImageInput, config: ViTConfig) -> np.ndarray:
@@ -193,5 +215,5 @@ def preprocess(source: ImageInput, config: ViTConfig) -> np.ndarray:
 def preprocess_batch(sources: list[Any], config: ViTConfig) -> np.ndarray:
     """Several images -> float32 [B, C, H, W]."""
     if not sources:
-        raise ValueError("expected at least one image, got none")
+        raise UserError("expected at least one image, got none")
     return np.stack([preprocess(source, config) for source in sources])
