@@ -325,6 +325,24 @@ def test_ctrl_c_exits_130_without_traceback(monkeypatch):
     assert code == 130 and "Traceback" not in stderr
 
 
+def test_a_bug_keeps_its_traceback_and_a_user_error_is_one_line():
+    """A ValueError raised by a bug is not a user's mistake: it is not printed as `error: ...`
+    with exit 2 but goes on with its traceback (exit 1); a UserError is one line, exit 2."""
+    code = ("import sys\n"
+            "from vit_hub import cli\n"
+            "from vit_hub.errors import UserError\n"
+            "def broken(args): raise {error}('{message}')\n"
+            "cli.COMMANDS['info'] = broken\n"
+            "sys.exit(cli.main(['info', '--preset', 'mnist']))\n")
+    bug = subprocess.run([sys.executable, "-c", code.format(error="ValueError", message="a bug")],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert bug.returncode == 1 and "Traceback (most recent call last)" in bug.stderr, bug.stderr
+    assert bug.stderr.strip().splitlines()[-1] == "ValueError: a bug" and "error: a bug" not in bug.stderr
+    mistake = subprocess.run([sys.executable, "-c", code.format(error="UserError", message="a mistake")],
+                             capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert_one_error_line(mistake.returncode, mistake.stderr, "error: a mistake")
+
+
 def test_train_flags_are_generated_from_the_dataclasses():
     """One flag per settable ViTConfig field and per TrainSettings field, each with help; a
     run with no flags gets exactly the dataclass defaults, and a flag reaches its field."""

@@ -10,9 +10,11 @@ import sys
 from inspect import cleandoc
 from pathlib import Path
 
-from .config import PRESETS, ViTConfig
+from .config import PRESETS, ViTConfig, size_text
 from .console import OneLineErrorParser, run_reporting_errors
+from .errors import UserError
 from .hub_cli import add_hub_commands, run_pull, run_push
+from .layout import ModelDir
 
 DESCRIPTION = ("Train a Vision Transformer on a folder of images, evaluate it, push it to the Hugging Face Hub "
                "and see what it learned. Each command's --help lists its flags and their defaults.")
@@ -125,10 +127,22 @@ def _add_training_flags(parser: argparse.ArgumentParser, data_required: bool = T
     add_field_flags(group, ViTConfig, MODEL_FIELDS, set_first_by="from the preset or the data")
 
 
+MODEL_HELP = "model dir or Hub repo id"
+DATA_ROOT_HELP = "where torchvision datasets' files are (default: VIT_HUB_DATA_ROOT, else ./data)"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """`vit-hub` and one subcommand per job; each `_add_*` builds one subcommand's flags."""
     parser = OneLineErrorParser(prog="vit-hub", description=DESCRIPTION, epilog=EXAMPLES)
     commands = parser.add_subparsers(dest="command", required=True)
+    for add_command in (_add_train, _add_eval, _add_predict, _add_info, _add_sweep, _add_inspect, _add_import):
+        add_command(commands)
+    add_hub_commands(commands)
+    _add_space(commands)
+    return parser
 
+
+def _add_train(commands) -> None:
     train = commands.add_parser("train", help="train a model into a Hub-layout model dir")
     train.add_argument("--out", required=True, help="model dir to write (new, empty, or with --resume or "
                        "--overwrite)")
@@ -140,15 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: run to the last epoch)")
     _add_training_flags(train, data_required=False)  # --resume needs no --data
 
+
+def _add_eval(commands) -> None:
     evaluate = commands.add_parser(
         "eval", help="evaluate a model; prints one JSON line",
         description="Accuracy and loss of a model on one split of --data, split as training splits it "
                     "(same --val-split and --seed), printed as one JSON line: accuracy, loss, n, split.")
-    evaluate.add_argument("--model", required=True, help="model dir or Hub repo id")
+    evaluate.add_argument("--model", required=True, help=MODEL_HELP)
     evaluate.add_argument("--data", required=True,
                           help=data_help("images to evaluate on, with the model's labels"))
-    evaluate.add_argument("--data-root",
-                          help="where torchvision datasets' files are (default: VIT_HUB_DATA_ROOT, else ./data)")
+    evaluate.add_argument("--data-root", help=DATA_ROOT_HELP)
     evaluate.add_argument("--split", choices=("train", "val", "test"),
                           help="split to evaluate (default: test when the data has one, as mnist and a folder "
                                "with test/ do, else val)")
@@ -158,20 +173,26 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="seed of that split (as in training)")
     evaluate.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
 
+
+def _add_predict(commands) -> None:
     predict = commands.add_parser(
         "predict", help="top-k labels for image files",
         description="Top-k labels and probabilities for each image, one line per image. Each image is "
-                    "preprocessed as the model's config.json says (mode, size, canonicalisation, mean/std).")
-    predict.add_argument("--model", required=True, help="model dir or Hub repo id")
+                    f"preprocessed as the model's {ModelDir.config} says (mode, size, canonicalisation, mean/std).")
+    predict.add_argument("--model", required=True, help=MODEL_HELP)
     predict.add_argument("images", nargs="+", help="image files (any size and mode)")
     predict.add_argument("--top-k", type=int, default=3, help="labels shown per image")
 
+
+def _add_info(commands) -> None:
     info = commands.add_parser("info", help="per-layer parameters and FLOPs")
     source = info.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="model dir or Hub repo id (this or --preset)")
+    source.add_argument("--model", help=f"{MODEL_HELP} (this or --preset)")
     source.add_argument("--preset", choices=tuple(PRESETS), help=f"an architecture preset (this or --model); "
                         f"{preset_help()}")
 
+
+def _add_sweep(commands) -> None:
     sweep = commands.add_parser("sweep", help="one short run per hyperparameter value, table + plot")
     sweep.add_argument("--out", required=True, help="folder for the runs, table and plot")
     sweep.add_argument("--overwrite", action="store_true", help="replace runs already in --out")
@@ -182,31 +203,36 @@ def build_parser() -> argparse.ArgumentParser:
                        help=_param_help())
     _add_training_flags(sweep)
 
+
+def _add_inspect(commands) -> None:
     inspect = commands.add_parser("inspect", help="what a model learned: patch filters, position similarity, "
-                                  "attention distance per head (PNG + inspect.json)")
-    inspect.add_argument("--model", required=True, help="model dir or Hub repo id")
-    inspect.add_argument("--out", required=True, help="folder for the figures and inspect.json")
+                                  f"attention distance per head (PNG + {ModelDir.inspect_report})")
+    inspect.add_argument("--model", required=True, help=MODEL_HELP)
+    inspect.add_argument("--out", required=True, help=f"folder for the figures and {ModelDir.inspect_report}")
     inspect.add_argument("--data", help=data_help("images to measure attention distances on") +
                          " (default: the bundled samples, for a digit model)")
-    inspect.add_argument("--data-root",
-                         help="where torchvision datasets' files are (default: VIT_HUB_DATA_ROOT, else ./data)")
+    inspect.add_argument("--data-root", help=DATA_ROOT_HELP)
     inspect.add_argument("--split", default="val", choices=("train", "val", "test"),
                          help="split of a named dataset (a folder is read whole)")
     inspect.add_argument("--samples", type=int, default=64, help="images to average over")
     inspect.add_argument("--seed", type=int, default=0, help="which images are drawn")
+
+
+def _add_import(commands) -> None:
     importer = commands.add_parser(
         "import", help="convert a timm or transformers ViT into a vit_hub model dir",
         description="Convert a pretrained ViT, exactly, into an ordinary vit_hub model dir (config, weights, card "
-                    "naming the source and its licence): a timm vit_* model (config.json with architecture and "
-                    "pretrained_cfg) or a transformers ViT (model_type vit: ViTForImageClassification, or ViTModel "
-                    "without a head). Only model.safetensors is read.")
+                    f"naming the source and its licence): a timm vit_* model ({ModelDir.config} with architecture "
+                    "and pretrained_cfg) or a transformers ViT (model_type vit: ViTForImageClassification, or "
+                    f"ViTModel without a head). Only {ModelDir.weights} is read.")
     importer.add_argument("source", metavar="SRC", help="Hub repo id (e.g. timm/vit_base_patch16_224.augreg2_in21k_ft_in1k, "
                           "google/vit-base-patch16-224) or a local folder")
     importer.add_argument("--out", required=True, help="model dir to write (new or empty)")
     importer.add_argument("--revision", help="branch, tag or commit of a Hub repo (default main)")
     importer.add_argument("--token", help="Hub token for gated or private repos (default: HF_TOKEN, then `hf auth login`)")
-    add_hub_commands(commands)
 
+
+def _add_space(commands) -> None:
     space = commands.add_parser(
         "space", help="write and upload a Gradio Space that demos a model",
         description="Write a Hugging Face Space that serves MODEL with this project's app (ONNX backend, CPU, "
@@ -221,7 +247,6 @@ def build_parser() -> argparse.ArgumentParser:
     space.add_argument("--private", action="store_true", help="make the Space private when this creates it")
     space.add_argument("--dry-run", action="store_true", help="write the folder only, upload nothing")
     space.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`)")
-    return parser
 
 
 def _param_help() -> str:
@@ -260,24 +285,25 @@ def run_train(args: argparse.Namespace) -> None:
         train(TrainSettings(data="", out=args.out), resume=True, stop_after_epochs=args.stop_after_epochs,
               resume_flags=flags)
     elif args.data is None:
-        raise ValueError("train: expected --data (an image folder, 'mnist' or a torchvision name), got none")
+        raise UserError("train: expected --data (an image folder, 'mnist' or a torchvision name), got none")
     else:
         train(_settings(args), stop_after_epochs=args.stop_after_epochs, overwrite=args.overwrite)
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    from . import data as vdata
+    from .batches import EvalTransform, Transformed, default_workers, make_loader
+    from .data import load_splits
     from .pretrained import load_model
     from .train import evaluate
 
     model = load_model(args.model)
-    splits = vdata.load_splits(args.data, args.data_root, args.val_split, args.seed)
+    splits = load_splits(args.data, args.data_root, args.val_split, args.seed)
     if splits.labels != model.config.labels:
-        raise ValueError(f"the data's labels {splits.labels[:10]} do not match the model's {model.config.labels[:10]}")
+        raise UserError(f"the data's labels {splits.labels[:10]} do not match the model's {model.config.labels[:10]}")
     split = args.split or ("test" if splits.test is not None else "val")
-    dataset = vdata.Transformed(splits.split(split), vdata.EvalTransform(model.config))
-    loader = vdata.make_loader(dataset, args.batch_size, shuffle=False, seed=0,
-                               num_workers=vdata.default_workers(), pin_memory=False)
+    dataset = Transformed(splits.split(split), EvalTransform(model.config))
+    loader = make_loader(dataset, args.batch_size, shuffle=False, seed=0, num_workers=default_workers(),
+                         pin_memory=False)
     result = evaluate(model, loader, next(model.parameters()).device, model.config.num_classes)
     if splits.skipped:  # files are checked as they are read; stderr: stdout carries the JSON line scripts parse
         print(splits.skipped_report(), file=sys.stderr)
@@ -323,17 +349,19 @@ def run_import(args: argparse.Namespace) -> None:
     out = write_model_dir(imported, args.out, command_line(getattr(args, "argv", None)))
     config = imported.config
     head = f"{config.num_classes} classes" if config.num_classes else "no head (features only: fine-tune with --init)"
-    print(f"imported {describe(imported.source)} into {out}: {config.image_size[0]}x{config.image_size[1]}, "
-          f"patch {config.patch_size[0]}x{config.patch_size[1]}, dim {config.embed_dim}, depth {config.depth}, "
+    print(f"imported {describe(imported.source)} into {out}: {size_text(config.image_size)}, "
+          f"patch {size_text(config.patch_size)}, dim {config.embed_dim}, depth {config.depth}, "
           f"heads {config.num_heads}, {head}")
     for note in imported.source["notes"]:
         print(f"note: {note}")
 
 
 def run_inspect(args: argparse.Namespace) -> None:
-    from .insight import inspect_model
+    from .inspecting import inspect_model
+    from .pretrained import load_model
 
-    written = inspect_model(args.model, args.out, args.data, args.data_root, args.split, args.samples, args.seed)
+    model = load_model(args.model)
+    written = inspect_model(model, args.out, args.data, args.data_root, args.split, args.samples, args.seed)
     print(f"wrote {', '.join(path.name for path in written)} to {Path(args.out)}")
 
 

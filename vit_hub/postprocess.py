@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import UserError
+
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     """[B, classes] logits -> probabilities, computed stably in float32 or wider."""
@@ -16,7 +18,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 def top_k(probabilities: np.ndarray, labels: list[str], k: int) -> list[list[tuple[str, float]]]:
     """[B, classes] probabilities -> per image the k (label, probability) pairs, best first."""
     if k < 1:
-        raise ValueError(f"top_k: expected a positive int, got {k}")
+        raise UserError(f"top_k: expected a positive int, got {k}")
     k = min(k, probabilities.shape[1])
     order = np.argsort(-probabilities, axis=1)[:, :k]
     return [[(labels[i], float(row[i])) for i in picks] for row, picks in zip(probabilities, order)]
