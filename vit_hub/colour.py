@@ -4,7 +4,7 @@ Colour is the cue that moves most between acquisitions: another stain, lamp, whi
 or camera shifts hue and saturation far more than it moves where things are dark or bright.
 A model that can separate the classes by brightness alone and is still given colour learns
 it anyway (it is the easiest cue) and then fails on images from elsewhere (stain-shifted
-cells in BENCHMARKS.md, issue 11).
+cells: BENCHMARKS.md, "Stain-shifted cells").
 
 So before a model is chosen, a nearest-class-centroid classifier is cross-validated twice
 on a few hundred training images: once on brightness statistics (a luminance histogram),
