@@ -13,9 +13,10 @@ predicts on the intact image. Then:
   ms/img         the method's CPU time for one image at batch 1 (forward pass included; median
                  of `--timing-images`, one thread).
 
-"Blank" is `vit_hub.attribution.blank_pixels`: black paper for a digit model, the training
-set's mean colour for a colour model. Rows: every method in `vit_hub.attribution.METHODS`,
-integrated gradients at other step counts, the peers captum (integrated gradients on the
+"Blank" is `vit_hub.blanking.blank_pixels`: black paper for a digit model, the training
+set's mean colour for a colour model. Rows: every method in `vit_hub.attribution.METHODS` and
+in bench/other_methods.py (measured for comparison, not offered by the app), integrated
+gradients at other step counts, the peers captum (integrated gradients on the
 pixels, 32 steps) and pytorch-grad-cam (Grad-CAM on the last block), both from
 requirements-bench.txt, a map that looks at no model (ink per patch for grayscale images,
 colourfulness per patch for colour ones: "where is the object") and random.
@@ -38,10 +39,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # marked_objects, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # marked_objects, other_methods, run from anywhere
 from marked_objects import object_map  # noqa: E402
+from other_methods import OTHER_METHODS  # noqa: E402
 
-from vit_hub.attribution import METHODS, blank_patches, blank_pixels  # noqa: E402
+from vit_hub.attribution import METHODS, Method  # noqa: E402
+from vit_hub.blanking import blank_patches, blank_pixels  # noqa: E402
 from vit_hub.data import load_splits  # noqa: E402
 from vit_hub.explain import explain  # noqa: E402
 from vit_hub.preprocess import preprocess_batch  # noqa: E402
@@ -129,8 +132,8 @@ def auc(curve: np.ndarray, patches: int) -> float:
 
 
 # Methods --------------------------------------------------------------------------------
-def vit_hub_method(model, name: str, **options) -> MapFn:
-    return lambda pixels, classes: explain(model, pixels, name, classes, **options).maps
+def vit_hub_method(model, method: str | Method, **options) -> MapFn:
+    return lambda pixels, classes: explain(model, pixels, method, classes, **options).maps
 
 
 def model_free(config) -> tuple[str, MapFn]:
@@ -189,7 +192,8 @@ def per_patch(values: np.ndarray, config) -> np.ndarray:
 
 
 def rows_of(model, config, peers: bool) -> list[tuple[str, MapFn]]:
-    rows = [(f"{method.label} (`{name}`)", vit_hub_method(model, name)) for name, method in METHODS.items()]
+    rows = [(f"{method.label} (`{name}`)", vit_hub_method(model, method))
+            for name, method in (METHODS | OTHER_METHODS).items()]
     rows += [(f"Integrated gradients, {steps} steps", vit_hub_method(model, "integrated_gradients", steps=steps))
              for steps in (2, 8, 16)]
     if peers:

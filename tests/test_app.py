@@ -247,7 +247,7 @@ def test_the_onnx_backend_offers_the_maps_without_gradients_and_says_why(predict
     and refuses them by name through the API, pointing to --backend torch."""
     needs_bundled_model()
     onnx = backends.OnnxPredictor.load(MODEL_DIR)
-    assert set(onnx.methods) == {name for name, method in METHODS.items() if method.needs != "gradients"}
+    assert set(onnx.methods) == {name for name, method in METHODS.items() if method.runs_on_onnx}
     view = to_model_domain(Image.open(SAMPLES[0]), onnx.config)
     for method in onnx.methods:
         assert pictures.explain(onnx, view, "mean", 0.0, 3, method).scores

@@ -1,16 +1,21 @@
-"""Explanation methods (vit_hub.explain, vit_hub.attribution): every method's maps, the
-gradient ones against their definitions, occlusion against a loop, the ONNX path torch-free."""
+"""Explanation methods (vit_hub.attribution, vit_hub.explain, vit_hub.gradients): every method's maps, what the
+registry says each needs, the gradient ones against their definitions, occlusion against a loop."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from vit_hub.attribution import METHODS, blank_patches, blank_pixels, check_method, occlusion
-from vit_hub.explain import (
-    attention_gradient, attention_gradients, embedding_attributions, explain, gradient_rollout, pixel_attributions,
-    torch_logits, with_context,
+from vit_hub.attribution import METHODS, check_method, occlusion
+from vit_hub.blanking import blank_patches, blank_pixels
+from vit_hub.errors import UserError
+from vit_hub.explain import explain, torch_forward, torch_logits
+from vit_hub.gradients import (
+    attention_gradients, embedding_attributions, gradient_rollout, pixel_attributions, with_context,
 )
 from vit_hub.pretrained import VisionTransformer
 
@@ -41,8 +46,32 @@ def test_every_method_gives_one_map_per_image_in_0_1(method, pooling):
 
 
 def test_unknown_method_is_refused():
-    with pytest.raises(ValueError, match="method: expected one of rollout"):
+    with pytest.raises(UserError, match="method: expected one of rollout"):
         check_method("saliency")
+    with pytest.raises(UserError, match="method: expected one of rollout"):
+        explain(tiny_model(), pixels_of(1), "saliency")
+
+
+def test_the_registry_says_what_each_method_needs():
+    """The ONNX backend offers exactly the methods that need no gradients; those compute from a
+    forward pass alone, and the ones that need no attentions from a graph without them."""
+    assert {name for name, method in METHODS.items() if method.runs_on_onnx} == {"rollout", "last_attention",
+                                                                                   "occlusion"}
+    assert {name for name, method in METHODS.items() if not method.quick} == {"occlusion"}
+    model = tiny_model()
+    pixels = torch.from_numpy(pixels_of(2))
+    forward = torch_forward(model, pixels)
+    targets = forward.logits.argmax(-1)
+    for name, method in METHODS.items():
+        if not method.runs_on_onnx:
+            continue
+        seen = forward if method.needs_attentions else forward._replace(attentions=None)
+        np.testing.assert_array_equal(method.compute(seen, targets, model.config), explain(model, pixels, name).maps)
+
+
+def test_reading_the_registry_imports_no_torch():
+    code = "import sys, vit_hub.attribution; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_gradient_rollout_follows_the_chosen_class():
@@ -59,21 +88,10 @@ def test_gradient_rollout_follows_the_chosen_class():
     assert all(not block.attention._forward_hooks for block in model.blocks)  # no hooks needed
 
 
-def test_attention_gradient_is_the_positive_product_read_from_the_class_token():
-    model = tiny_model()
-    _, attentions, gradients = attention_gradients(model, torch.randn(1, 1, 16, 16))
-    product = (attentions * gradients).clamp(min=0).mean(2)[:, 0, 0, 1:]  # [L, N]
-    for last_only, expected in ((False, product.sum(0)), (True, product[-1])):
-        maps = attention_gradient(attentions, gradients, last_only=last_only)[0].ravel()
-        expected = expected.numpy()
-        np.testing.assert_allclose(maps, (expected - expected.min()) / (expected.max() - expected.min()), atol=1e-5)
-
-
-def test_gradient_methods_check_shapes():
+def test_gradient_rollout_checks_shapes():
     attentions = np.full((2, 1, 2, 10, 10), 0.1, dtype=np.float32)
-    for method in (gradient_rollout, attention_gradient):
-        with pytest.raises(ValueError, match="gradients"):
-            method(attentions, np.zeros((1, 2, 3), dtype=np.float32), grid_size=(3, 3))
+    with pytest.raises(ValueError, match="gradients"):
+        gradient_rollout(attentions, np.zeros((1, 2, 3), dtype=np.float32), grid_size=(3, 3))
 
 
 @pytest.mark.parametrize("attribute", [pixel_attributions, embedding_attributions])

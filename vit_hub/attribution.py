@@ -1,99 +1,74 @@
-"""Which explanation methods there are, and the ones that need no torch: a map per image of
-how much each patch supports the explained class, [B, grid_h, grid_w] scaled to [0, 1].
+"""The registry of explanation methods, and the ones that need no torch: a map per image of how
+much each patch supports the explained class, [B, grid_h, grid_w] scaled to [0, 1].
 
-    name                  needs           what the map is
-    rollout               attentions      attention followed through every layer (Abnar & Zuidema 2020)
-    last_attention        attentions      the last layer's attention from the pooled token
-    occlusion             logits          the fall in the class's log-probability when the patch
-                                          alone is blanked (Zeiler & Fergus 2014)
-    gradient_rollout      gradients       rollout weighted by d(class)/d(attention) (Chefer et al. 2021)
-    attention_gradient    gradients       attention x its gradient, positive part, summed over layers
-    last_attention_gradient gradients     the same, last layer only
-    gradient_x_input      gradients       (image - blank image) x gradient, summed over each patch
-    integrated_gradients  gradients       the same, the gradient averaged along the straight path
-                                          from the blank image (Sundararajan et al. 2017), a few steps
-    integrated_gradients_rollout  gradients  the patches integrated gradients credit first (by their
-                                          share), then the rest by gradient rollout: the context
-    gradient_x_embedding  gradients       as gradient_x_input, on the patch embeddings
-    embedding_integrated_gradients  gradients  as integrated_gradients, on the patch embeddings
+    name                            needs                  what the map is
+    rollout                         attentions             attention followed through every layer
+                                                           (Abnar & Zuidema 2020)
+    last_attention                  attentions             the last layer's attention from the pooled token
+    occlusion                       logits                 the fall in the class's log-probability when the
+                                                           patch alone is blanked (Zeiler & Fergus 2014)
+    integrated_gradients            gradients              (image - blank) x the gradient averaged along the
+                                                           straight path from the blank image, summed over
+                                                           each patch (Sundararajan et al. 2017)
+    integrated_gradients_rollout    gradients, attentions  the patches integrated gradients credits first
+                                                           (by their share), then the rest by gradient
+                                                           rollout (Chefer et al. 2021): the context
+    embedding_integrated_gradients  gradients              integrated gradients on the patch embeddings
 
-The first three run on any backend (the ONNX graphs give logits and attentions); the rest
-are computed by `vit_hub.explain` from the torch model. "Blank" is `blank_pixels`: what the
-model sees where there is nothing, black paper for a digit model and the training set's mean
-colour for photos. The faithfulness of each (bench/faithfulness.py) is in BENCHMARKS.md.
+Each `Method` holds its compute function and says what it needs, so a backend asks the method,
+never its name: the ONNX graphs give logits and attentions but no gradients. The methods that
+need gradients are computed from the torch model in `vit_hub.gradients`, imported only when one
+runs, so this registry stays torch-free; `vit_hub.explain.explain` runs any of them on the torch
+model. "Blank" is `blanking.blank_pixels`: what the model sees where there is nothing, black
+paper for a digit model and the training set's mean colour for photos.
+
+Every method here measures better than every other method on at least one of the faithfulness
+benchmarks (BENCHMARKS.md, "Explanation faithfulness"); the methods measured worse than one of
+these on all of them are compared in bench/other_methods.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from .blanking import blank_pixels, patch_masks
+from .errors import UserError
 from .rollout import as_numpy, attention_rollout, last_layer_attention, scale_maps
+
+
+class Forward(NamedTuple):
+    """One forward pass of a batch: what the methods that need no gradients read."""
+
+    pixels: np.ndarray  # [B, C, H, W], the model's input
+    logits: np.ndarray  # [B, classes]
+    attentions: np.ndarray | None  # [depth, B, heads, T, T]; None from a graph that gives none
+    logits_of: Callable[[np.ndarray], Any]  # the model again: float32 [n, C, H, W] -> logits [n, classes]
 
 
 @dataclass(frozen=True)
 class Method:
+    """An explanation method: how the app shows it, what it needs, and how it is computed.
+
+    compute, for a method that needs no gradients: (forward: Forward, targets: int array [B],
+    config) -> maps [B, grid_h, grid_w] in [0, 1]. For one that needs gradients: (torch model,
+    pixels: float32 tensor [B, C, H, W], class_index: int, [B] ints or None for the predicted
+    class, steps: points on an integration path) -> `gradients.Explained`.
+    """
+
     label: str  # as the app shows it
-    needs: str  # "attentions", "logits" or "gradients" (the last: the torch model only)
     meaning: str  # what a bright patch means, in a phrase
+    compute: Callable[..., Any]
+    needs_gradients: bool = False  # the torch model only: an ONNX graph gives no gradients
+    needs_attentions: bool = True  # reads attention weights: a graph must output them
+    quick: bool = True  # its map (forward pass included) takes at most about 15 ms on a 2-core CPU
 
-
-METHODS: dict[str, Method] = {
-    "rollout": Method("Attention rollout", "attentions",
-                      "how much of the class token's attention, followed through every layer, comes from the patch"),
-    "last_attention": Method("Last layer's attention", "attentions",
-                             "how much the last layer's pooled token attends to the patch"),
-    "occlusion": Method("Occlusion", "logits", "how far the class's log-probability falls when the patch alone is blanked"),
-    "gradient_rollout": Method("Gradient rollout", "gradients",
-                               "rollout of the attention weighted by its gradient for the class"),
-    "attention_gradient": Method("Attention x gradient", "gradients",
-                                 "attention to the patch times its gradient for the class, summed over the layers"),
-    "last_attention_gradient": Method("Last attention x gradient", "gradients",
-                                      "the last layer's attention to the patch times its gradient for the class"),
-    "gradient_x_input": Method("Gradient x input", "gradients",
-                               "the class score's gradient times how the patch differs from blank"),
-    "integrated_gradients": Method("Integrated gradients", "gradients",
-                                   "how much of the class score the patch adds, going from a blank image to this one"),
-    "integrated_gradients_rollout": Method(
-        "Integrated gradients + gradient rollout", "gradients",
-        "integrated gradients where they credit the patch; below those, gradient rollout ranks the rest"),
-    "gradient_x_embedding": Method("Gradient x embedding", "gradients",
-                                   "gradient times input, on the patch embeddings"),
-    "embedding_integrated_gradients": Method("Integrated gradients on the embeddings", "gradients",
-                                             "integrated gradients on the patch embeddings"),
-}
-
-
-def check_method(method: str) -> Method:
-    if method not in METHODS:
-        raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
-    return METHODS[method]
-
-
-def blank_pixels(config: Any) -> np.ndarray:
-    """The model-input value [C] of "nothing here": pixel 0 (black) for a grayscale model, the
-    normalised zero (the training set's mean colour, or the image's own with per-image
-    normalisation) for a colour one. Occlusion, the embedding-gradient methods and the
-    faithfulness benchmark blank patches with it."""
-    if config.in_channels == 1 and config.pixel_norm == "dataset":
-        return ((0.0 - np.asarray(config.mean, np.float32)) / np.asarray(config.std, np.float32)).astype(np.float32)
-    return np.zeros(config.in_channels, np.float32)
-
-
-def patch_masks(grid_size: tuple[int, int], patch_size: tuple[int, int]) -> np.ndarray:
-    """bool [N, H, W]: mask n covers patch n (row-major over the grid)."""
-    grid_h, grid_w = grid_size
-    eye = np.eye(grid_h * grid_w, dtype=bool).reshape(-1, grid_h, grid_w)
-    return eye.repeat(patch_size[0], axis=1).repeat(patch_size[1], axis=2)
-
-
-def blank_patches(pixels: np.ndarray, chosen: np.ndarray, patch_size: tuple[int, int],
-                  blank: np.ndarray) -> np.ndarray:
-    """pixels [B, C, H, W]; chosen bool [B, grid_h, grid_w] -> copy with the chosen patches blank."""
-    per_pixel = chosen.repeat(patch_size[0], axis=1).repeat(patch_size[1], axis=2)[:, None]  # [B, 1, H, W]
-    return np.where(per_pixel, blank[None, :, None, None], pixels).astype(np.float32)
+    @property
+    def runs_on_onnx(self) -> bool:
+        """Computable from ONNX Runtime's outputs (logits, attentions) alone."""
+        return not self.needs_gradients
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -125,10 +100,56 @@ def occlusion(logits_of: Callable[[np.ndarray], Any], pixels: np.ndarray, class_
     return scale_maps((intact[:, None] - occluded).reshape(batch, grid_h, grid_w))
 
 
-def attention_map(method: str, attentions: Any, config: Any) -> np.ndarray:
-    """The maps of the methods that need attentions only: [B, grid_h, grid_w] in [0, 1]."""
-    if method == "rollout":
-        return attention_rollout(attentions, "mean", 0.0, config.grid_size, config.pooling)
-    if method == "last_attention":
-        return last_layer_attention(attentions, config.grid_size, config.pooling)
-    raise ValueError(f"{method!r} is not a method of attentions alone (rollout, last_attention)")
+# The compute functions of the methods that need no gradients: (forward, targets, config) -> maps.
+def _rollout(forward: Forward, _targets: np.ndarray, config: Any) -> np.ndarray:
+    return attention_rollout(forward.attentions, "mean", 0.0, config.grid_size, config.pooling)
+
+
+def _last_attention(forward: Forward, _targets: np.ndarray, config: Any) -> np.ndarray:
+    return last_layer_attention(forward.attentions, config.grid_size, config.pooling)
+
+
+def _occlusion(forward: Forward, targets: np.ndarray, config: Any) -> np.ndarray:
+    return occlusion(forward.logits_of, forward.pixels, targets, config.grid_size, tuple(config.patch_size),
+                     blank_pixels(config))
+
+
+def _torch_side(name: str) -> Callable[..., Any]:
+    """`vit_hub.gradients.<name>`, imported on the first call: reading the registry needs no torch."""
+    def compute(*args: Any, **kwargs: Any) -> Any:
+        from . import gradients
+
+        return getattr(gradients, name)(*args, **kwargs)
+    compute.__name__ = compute.__qualname__ = name
+    return compute
+
+
+METHODS: dict[str, Method] = {
+    "rollout": Method(
+        "Attention rollout",
+        "how much of the class token's attention, followed through every layer, comes from the patch",
+        _rollout),
+    "last_attention": Method(
+        "Last layer's attention", "how much the last layer's pooled token attends to the patch", _last_attention),
+    # One forward pass per patch: slower than the app's budget for the map it opens with.
+    "occlusion": Method(
+        "Occlusion", "how far the class's log-probability falls when the patch alone is blanked", _occlusion,
+        needs_attentions=False, quick=False),
+    "integrated_gradients": Method(
+        "Integrated gradients", "how much of the class score the patch adds, going from a blank image to this one",
+        _torch_side("integrated_gradients"), needs_gradients=True, needs_attentions=False),
+    "integrated_gradients_rollout": Method(
+        "Integrated gradients + gradient rollout",
+        "integrated gradients where they credit the patch; below those, gradient rollout ranks the rest",
+        _torch_side("integrated_gradients_rollout"), needs_gradients=True),
+    "embedding_integrated_gradients": Method(
+        "Integrated gradients on the embeddings", "integrated gradients on the patch embeddings",
+        _torch_side("embedding_integrated_gradients"), needs_gradients=True, needs_attentions=False),
+}
+
+
+def check_method(method: str) -> Method:
+    """The registered method of that name; a UserError listing the names otherwise."""
+    if method not in METHODS:
+        raise UserError(f"method: expected one of {', '.join(METHODS)}, got {str(method)[:40]!r}")
+    return METHODS[method]

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..attribution import METHODS, attention_map, blank_pixels, check_method, occlusion
+from ..attribution import METHODS, Forward, check_method
 from ..config import ViTConfig
 from ..errors import UserError
 from ..layout import ModelDir
@@ -96,7 +96,7 @@ class OnnxPredictor:
             raise UserError(f"{classifier.model_path} has no attentions graph; export with --output-attentions")
         self.classifier = classifier
         self.config = classifier.config
-        self.methods = tuple(name for name, method in METHODS.items() if method.needs != "gradients")
+        self.methods = tuple(name for name, method in METHODS.items() if method.runs_on_onnx)
         self.model_dir = classifier.model_dir
         self.description = f"ONNX Runtime ({classifier.providers[0]}, {classifier.precision})"
         # One run now: a graph that cannot load fails at start, not at a user's first request.
@@ -116,19 +116,15 @@ class OnnxPredictor:
         return softmax(logits), attentions
 
     def explain(self, pixels: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The maps that need no gradients: from the attentions, or occlusion from the logits graph."""
-        if check_method(method).needs == "gradients":
+        """The maps that need no gradients, from one run of the graph (occlusion runs it again)."""
+        chosen = check_method(method)
+        if not chosen.runs_on_onnx:
             raise UserError(f"{METHODS[method].label} needs gradients, which the ONNX backend does not compute: "
                             f"start the app with --backend torch, or choose one of "
                             f"{', '.join(METHODS[name].label for name in self.methods)}")
-        probabilities, attentions = self.predict(pixels)
-        if method == "occlusion":
-            config = self.config
-            maps = occlusion(self.classifier.run, pixels, probabilities.argmax(-1), config.grid_size,
-                             tuple(config.patch_size), blank_pixels(config))
-        else:
-            maps = attention_map(method, attentions, self.config)
-        return probabilities, attentions, maps
+        logits, attentions = self.classifier.run(pixels, output_attentions=True)
+        maps = chosen.compute(Forward(pixels, logits, attentions, self.classifier.run), logits.argmax(-1), self.config)
+        return softmax(logits), attentions, maps
 
     def weights(self) -> dict[str, np.ndarray] | None:
         """model.safetensors read as arrays (no torch) when the model dir has it; else None."""
