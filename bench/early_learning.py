@@ -38,7 +38,7 @@ def run(name: str, splits: vdata.DataSplits, steps: int = 250, lr: float = 1e-3)
     config = ViTConfig.from_preset("mnist", patch_embedding=variant["patch_embedding"])
     loader = vdata.make_loader(vdata.Transformed(splits.train, vdata.TrainTransform(config, variant["augment"])),
                                128, shuffle=True, seed=0, num_workers=1, pin_memory=False)
-    model = VisionTransformer(**config.to_dict())
+    model = VisionTransformer(config)
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=lr)
     for step, (images, labels) in enumerate(loader):
         for group in optimizer.param_groups:

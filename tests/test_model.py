@@ -12,7 +12,7 @@ from torch import nn
 from conftest import tiny_config
 
 from vit_hub import pretrained
-from vit_hub.config import PRESETS, ViTConfig, suggest_for_data
+from vit_hub.config import DIGIT_LABELS, PRESETS, ViTConfig, suggest_for_data
 from vit_hub.model import Attention, DropPath, PatchEmbedding, VisionTransformer, upgrade_state_dict
 from vit_hub.positions import sincos_positions
 
@@ -69,7 +69,7 @@ def test_mnist_preset_is_the_documented_architecture():
     config = ViTConfig.from_preset("mnist")
     assert (config.image_size, config.patch_size, config.in_channels) == ([28, 28], [4, 4], 1)
     assert (config.embed_dim, config.depth, config.num_heads, config.num_tokens) == (64, 6, 4, 50)
-    assert config.labels == [str(digit) for digit in range(10)]
+    assert config.labels == list(DIGIT_LABELS)
 
 
 @pytest.mark.parametrize("options", [
@@ -351,8 +351,8 @@ def test_drop_path_rates_grow_linearly_with_depth():
 
 
 def test_initial_model_predicts_near_uniformly_and_its_first_step_reaches_the_body():
-    """A zero head would predict exactly uniformly but pass the body no gradient (the
-    small-data plateau of issue 11): the head starts small and random instead."""
+    """A zero head would predict exactly uniformly but pass the body no gradient (a small-data
+    run then sits at chance for many epochs): the head starts small and random instead."""
     model = VisionTransformer(**tiny_config(num_classes=None, labels=["a", "b", "c"])).eval()
     logits = model(images(2, 3, 16, 16)).logits
     torch.testing.assert_close(logits.softmax(dim=-1), torch.full((2, 3), 1 / 3), atol=0.1, rtol=0)

@@ -63,7 +63,7 @@ class Method:
     compute: Callable[..., Any]
     needs_gradients: bool = False  # the torch model only: an ONNX graph gives no gradients
     needs_attentions: bool = True  # reads attention weights: a graph must output them
-    quick: bool = True  # its map (forward pass included) takes at most about 15 ms on a 2-core CPU
+    quick: bool = True  # a forward (and backward) pass or two, not one per patch: fits the app's time budget
 
     @property
     def runs_on_onnx(self) -> bool:
