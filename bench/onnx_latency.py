@@ -31,11 +31,11 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from export import OnnxClassifier, export_onnx  # noqa: E402
+from vit_hub.export import OnnxClassifier, export_onnx  # noqa: E402
 from vit_hub.layout import ExportLayout  # noqa: E402
-from export.quantize import quantize_int8  # noqa: E402
-from export.runtime import CPU, create_session  # noqa: E402
-from export.timing import machine_load, time_interleaved  # noqa: E402
+from vit_hub.export.quantize import quantize_int8  # noqa: E402
+from vit_hub.export.session import CPU, create_session  # noqa: E402
+from vit_hub.export.timing import machine_load, time_interleaved  # noqa: E402
 from vit_hub.config import PRESETS  # noqa: E402
 from vit_hub.pretrained import load_model  # noqa: E402
 from vit_hub.model import VisionTransformer  # noqa: E402

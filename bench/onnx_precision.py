@@ -34,9 +34,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from export import OnnxClassifier, export_onnx  # noqa: E402
-from export.runtime import CUDA, INPUT, LOGITS  # noqa: E402
-from export.timing import machine_load, time_interleaved  # noqa: E402
+from vit_hub.export import OnnxClassifier, export_onnx  # noqa: E402
+from vit_hub.export.session import CUDA  # noqa: E402
+from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS  # noqa: E402
+from vit_hub.export.timing import machine_load, time_interleaved  # noqa: E402
 from vit_hub.config import PRESETS  # noqa: E402
 from vit_hub.pretrained import VisionTransformer, load_model  # noqa: E402
 
@@ -82,8 +83,8 @@ def ort_on_device(classifier: OnnxClassifier, images: torch.Tensor, classes: int
     session = classifier.session
     logits = torch.empty(len(images), classes, device=images.device)
     binding = session.io_binding()
-    binding.bind_input(INPUT, "cuda", 0, np.float32, list(images.shape), images.data_ptr())
-    binding.bind_output(LOGITS, "cuda", 0, np.float32, list(logits.shape), logits.data_ptr())
+    binding.bind_input(GRAPH_INPUT, "cuda", 0, np.float32, list(images.shape), images.data_ptr())
+    binding.bind_output(GRAPH_LOGITS, "cuda", 0, np.float32, list(logits.shape), logits.data_ptr())
     return lambda: session.run_with_iobinding(binding)
 
 

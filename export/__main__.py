@@ -1,4 +1,4 @@
-"""`python -m export --model DIR|REPO_ID --out PATH [--opset N] [--output-attentions]
+"""`python -m vit_hub.export --model DIR|REPO_ID --out PATH [--opset N] [--output-attentions]
 [--precision fp16] [--quantize int8] [--calib-data D]`: export, verify, report. Thin: parse, call, print."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from vit_hub.layout import ExportLayout
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 from .pipeline import export_onnx
 from .quantize import QUANTIZATIONS
-from .runtime import PRECISIONS
+from .session import PRECISIONS
 from .verify import VerificationError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(prog="python -m export", description=(
+    parser = OneLineErrorParser(prog="python -m vit_hub.export", description=(
         "Export a vit_hub model to ONNX, verify it against torch and write a report beside it."))
     parser.add_argument("--model", required=True, help="model dir (config.json + model.safetensors) or Hub repo id")
     parser.add_argument("--out", required=True, help="folder (gets model.onnx) or a path ending in .onnx")

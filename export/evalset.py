@@ -11,7 +11,9 @@ import numpy as np
 from torch.utils.data import Dataset, Subset
 
 from vit_hub import data as vdata
+from vit_hub.batches import EvalTransform, Transformed, default_workers, make_loader
 from vit_hub.config import ViTConfig
+from vit_hub.errors import UserError
 
 # Below this many images a worker process costs more to start than it saves.
 WORKER_THRESHOLD = 2000
@@ -28,7 +30,7 @@ def load_eval_set(data: str, config: ViTConfig, data_root: str | None = None) ->
     """The test split of `data` (the validation split when it has no test split)."""
     splits = vdata.load_splits(data, data_root)
     name = "test" if splits.test is not None else "val"
-    dataset = vdata.Transformed(splits.split(name), vdata.EvalTransform(config))
+    dataset = Transformed(splits.split(name), EvalTransform(config))
     # Files are checked as they are read (an unreadable one is replaced by the next readable
     # image), so no count of them can be known here.
     return EvalSet(dataset, splits.labels, f"{splits.source}, {name} split")
@@ -37,7 +39,7 @@ def load_eval_set(data: str, config: ViTConfig, data_root: str | None = None) ->
 def check_labels(eval_set: EvalSet, config: ViTConfig) -> None:
     """Accuracy only means something when the data's classes are the model's."""
     if eval_set.labels != config.labels:
-        raise ValueError(
+        raise UserError(
             f"the labels of {eval_set.description} {eval_set.labels[:10]} do not match the model's "
             f"{config.labels[:10]}; pass --calib-data with the data the model was trained on"
         )
@@ -48,14 +50,14 @@ def batches(eval_set: EvalSet, batch_size: int, limit: int | None = None) -> Ite
     dataset = eval_set.dataset
     if limit is not None:
         dataset = Subset(dataset, range(min(limit, len(dataset))))
-    workers = vdata.default_workers() if len(dataset) > WORKER_THRESHOLD else 0
-    loader = vdata.make_loader(dataset, batch_size, shuffle=False, seed=0, num_workers=workers, pin_memory=False)
+    workers = default_workers() if len(dataset) > WORKER_THRESHOLD else 0
+    loader = make_loader(dataset, batch_size, shuffle=False, seed=0, num_workers=workers, pin_memory=False)
     for pixels, labels in loader:
         yield pixels.numpy(), labels.numpy()
 
 
 def first_images(eval_set: EvalSet, count: int) -> np.ndarray:
     """The first `count` images, float32 [count, C, H, W] (fewer if the split is smaller)."""
-    loader = vdata.make_loader(eval_set.dataset, count, shuffle=False, seed=0, num_workers=0, pin_memory=False)
+    loader = make_loader(eval_set.dataset, count, shuffle=False, seed=0, num_workers=0, pin_memory=False)
     pixels, _ = next(iter(loader))
     return pixels.numpy()

@@ -20,8 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vit_hub.errors import UserError
+from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
+
 from .graph_check import MAX_GRAPH_BYTES
-from .runtime import ATTENTIONS, INPUT, LOGITS
 
 EXPORTERS = ("torchscript", "dynamo")
 DEFAULT_EXPORTER = "torchscript"
@@ -46,10 +48,10 @@ class GraphOutputs(nn.Module):
 
 def check_export_options(exporter: str, opset: int) -> None:
     if exporter not in EXPORTERS:
-        raise ValueError(f"--exporter: expected one of {', '.join(EXPORTERS)}, got {exporter!r}")
+        raise UserError(f"--exporter: expected one of {', '.join(EXPORTERS)}, got {exporter!r}")
     supported = OPSETS[exporter]
     if opset not in supported:
-        raise ValueError(
+        raise UserError(
             f"--opset: the {exporter} exporter writes opsets {supported.start}-{supported.stop - 1}, got {opset}"
         )
 
@@ -57,7 +59,7 @@ def check_export_options(exporter: str, opset: int) -> None:
 def _check_size(model: nn.Module) -> None:
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if size > MAX_GRAPH_BYTES:  # beyond that, weights would need external data
-        raise ValueError(
+        raise UserError(
             f"the model's weights take {size / 2**30:.1f} GB; one self-contained .onnx file holds at most 2 GB"
         )
 
@@ -70,7 +72,7 @@ def write_graph(model: nn.Module, path: Path, *, output_attentions: bool, opset:
     model.eval()
     config = model.config
     module = GraphOutputs(model, output_attentions=output_attentions).eval()
-    outputs = [LOGITS, ATTENTIONS] if output_attentions else [LOGITS]
+    outputs = [GRAPH_LOGITS, GRAPH_ATTENTIONS] if output_attentions else [GRAPH_LOGITS]
     # Batch 2, not 1: torch.export would specialise a batch of 1 into a constant.
     example = torch.zeros(2, config.in_channels, *config.image_size)  # [2, C, H, W]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,7 +86,7 @@ def write_graph(model: nn.Module, path: Path, *, output_attentions: bool, opset:
 
 def _export_torchscript(module: nn.Module, example: torch.Tensor, path: Path, outputs: list[str],
                         opset: int) -> None:
-    batch_axes = {INPUT: {0: "batch"}, LOGITS: {0: "batch"}, ATTENTIONS: {1: "batch"}}
+    batch_axes = {GRAPH_INPUT: {0: "batch"}, GRAPH_LOGITS: {0: "batch"}, GRAPH_ATTENTIONS: {1: "batch"}}
     with warnings.catch_warnings():
         # The input checks in forward() compare shapes; in a fixed-size graph they are constants.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -93,8 +95,8 @@ def _export_torchscript(module: nn.Module, example: torch.Tensor, path: Path, ou
         warnings.filterwarnings("ignore", message="Constant folding - Only steps=1", category=UserWarning)
         torch.onnx.export(
             module, (example,), str(path), dynamo=False, opset_version=opset,
-            input_names=[INPUT], output_names=outputs,
-            dynamic_axes={name: batch_axes[name] for name in [INPUT, *outputs]},
+            input_names=[GRAPH_INPUT], output_names=outputs,
+            dynamic_axes={name: batch_axes[name] for name in [GRAPH_INPUT, *outputs]},
         )
 
 
@@ -103,5 +105,5 @@ def _export_dynamo(module: nn.Module, example: torch.Tensor, path: Path, outputs
     batch = torch.export.Dim("batch", min=1)
     torch.onnx.export(
         module, (example,), str(path), dynamo=True, opset_version=opset, external_data=False,
-        input_names=[INPUT], output_names=outputs, dynamic_shapes={"pixel_values": {0: batch}}, verbose=False,
+        input_names=[GRAPH_INPUT], output_names=outputs, dynamic_shapes={GRAPH_INPUT: {0: batch}}, verbose=False,
     )

@@ -3,7 +3,7 @@
 A graph in a model dir is untrusted input, like an upload: 3 KB of ONNX can ask ONNX Runtime
 for any amount of memory (a ConstantOfShape, an Expand or a broadcast of 13 GB), when the
 session is created (constant folding) or at the first run. The project knows which graphs
-it writes (`python -m export`), so `check_graph` accepts those and refuses anything else
+it writes (`python -m vit_hub.export`), so `check_graph` accepts those and refuses anything else
 with one OnnxModelError naming what it found, before any session exists:
 
   * size: at most MAX_GRAPH_BYTES, initializers no larger than the file that holds them;
@@ -31,15 +31,12 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from vit_hub.errors import UserError
 from vit_hub.config import ViTConfig
-
-INPUT = "pixel_values"
-LOGITS = "logits"
-ATTENTIONS = "attentions"
+from vit_hub.errors import UserError
+from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
 # A protobuf file cannot exceed 2 GB; the exporter writes nothing larger either.
 MAX_GRAPH_BYTES = 2**31 - 1
-# Every operator in the graphs `python -m export` writes: the torchscript and dynamo exporters
+# Every operator in the graphs `python -m vit_hub.export` writes: the torchscript and dynamo exporters
 # (opsets 17-23, every patch embedding, pooling and attention variant), their float16 copies
 # and int8 quantization. A new exporter version that emits another one fails its export's
 # verification here first.
@@ -68,7 +65,7 @@ class OnnxModelError(UserError):
 
 
 def check_graph(path: Path, config: ViTConfig) -> None:
-    """Raise OnnxModelError unless `path` is a graph `python -m export` could have written for
+    """Raise OnnxModelError unless `path` is a graph `python -m vit_hub.export` could have written for
     `config` (see the module docstring). Reads the file once; creates no session."""
     model = _load(path)
     _check_form(model, path)
@@ -126,7 +123,7 @@ def _load(path: Path) -> onnx.ModelProto:
 def _check_form(model: onnx.ModelProto, path: Path) -> None:
     graph = model.graph
     if model.functions or graph.sparse_initializer:
-        raise _refuse(path, "expected a graph as python -m export writes it, found local functions or sparse "
+        raise _refuse(path, "expected a graph as python -m vit_hub.export writes it, found local functions or sparse "
                             "initializers")
     declared = 0
     for tensor in graph.initializer:
@@ -140,7 +137,7 @@ def _check_form(model: onnx.ModelProto, path: Path) -> None:
     unknown = sorted({f"{node.domain}.{node.op_type}" if node.domain not in ONNX_DOMAINS else node.op_type
                       for node in graph.node if node.domain not in ONNX_DOMAINS or node.op_type not in KNOWN_OPS})
     if unknown:
-        raise _refuse(path, f"expected only the operators python -m export writes, found {', '.join(unknown)}")
+        raise _refuse(path, f"expected only the operators python -m vit_hub.export writes, found {', '.join(unknown)}")
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
@@ -152,9 +149,11 @@ def _check_inputs_and_outputs(model: onnx.ModelProto, path: Path, config: ViTCon
     stored = {tensor.name for tensor in graph.initializer}
     inputs = [value for value in graph.input if value.name not in stored]
     outputs = [value.name for value in graph.output]
-    if [value.name for value in inputs] != [INPUT] or outputs not in ([LOGITS], [LOGITS, ATTENTIONS]):
-        raise _refuse(path, f"is not a vit_hub export: expected input {INPUT!r} and output {LOGITS!r} (and "
-                            f"{ATTENTIONS!r}), got inputs {[value.name for value in inputs]} and outputs {outputs}")
+    expected_outputs = ([GRAPH_LOGITS], [GRAPH_LOGITS, GRAPH_ATTENTIONS])
+    if [value.name for value in inputs] != [GRAPH_INPUT] or outputs not in expected_outputs:
+        raise _refuse(path, f"is not a vit_hub export: expected input {GRAPH_INPUT!r} and output {GRAPH_LOGITS!r} "
+                            f"(and {GRAPH_ATTENTIONS!r}), got inputs {[value.name for value in inputs]} and outputs "
+                            f"{outputs}")
     wrong_types = [value.name for value in [*inputs, *graph.output] if value.type.tensor_type.elem_type != TensorProto.FLOAT]
     if wrong_types:
         raise _refuse(path, f"expected float32 inputs and outputs, found other types for {wrong_types}")
@@ -164,7 +163,7 @@ def _check_inputs_and_outputs(model: onnx.ModelProto, path: Path, config: ViTCon
         raise _refuse(path, f"takes images of shape {image_shape} but its config says {config_shape}: expected "
                             f"the graph exported for this config, found one for another")
     if not isinstance(batch, str):
-        raise _refuse(path, f"expected a symbolic batch axis, found {INPUT} {_dims(inputs[0])}")
+        raise _refuse(path, f"expected a symbolic batch axis, found {GRAPH_INPUT} {_dims(inputs[0])}")
 
 
 def _expected_outputs(config: ViTConfig, batch: int) -> dict[str, list[int]]:
@@ -172,7 +171,8 @@ def _expected_outputs(config: ViTConfig, batch: int) -> dict[str, list[int]]:
     and the attentions of every block."""
     width = config.num_classes or config.pre_logits or config.embed_dim
     tokens = config.num_tokens
-    return {LOGITS: [batch, width], ATTENTIONS: [config.depth, batch, config.num_heads, tokens, tokens]}
+    return {GRAPH_LOGITS: [batch, width],
+            GRAPH_ATTENTIONS: [config.depth, batch, config.num_heads, tokens, tokens]}
 
 
 class _Shapes:
@@ -206,7 +206,7 @@ def _check_allocations(model: onnx.ModelProto, path: Path, config: ViTConfig, ba
     for tensor in graph.initializer:
         small = tensor.data_type in INTEGER_TYPES and math.prod(tensor.dims) <= SHAPE_TENSOR_LIMIT
         known.add(tensor.name, tensor.data_type, list(tensor.dims), numpy_helper.to_array(tensor) if small else None)
-    known.add(INPUT, TensorProto.FLOAT, [batch, config.in_channels, *config.image_size])
+    known.add(GRAPH_INPUT, TensorProto.FLOAT, [batch, config.in_channels, *config.image_size])
     total = 0
     for node in graph.node:
         shown = f"{node.op_type} node {node.name or node.output[0]!r}"

@@ -22,12 +22,14 @@ import onnx
 import onnx_ir
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
+from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_LOGITS
+
 from .evalset import EvalSet, batches
-from .runtime import ATTENTIONS, LOGITS, OnnxClassifier
+from .runtime import OnnxClassifier
 
 # Largest |fp16 graph - torch float32| accepted: float16 keeps 11 significant bits, so a
 # logit near 10 moves by about 1e-2 after a dozen rounded layers; attention weights lie in [0, 1].
-FP16_TOLERANCES = {LOGITS: 5e-2, ATTENTIONS: 5e-3}
+FP16_TOLERANCES = {GRAPH_LOGITS: 5e-2, GRAPH_ATTENTIONS: 5e-3}
 EVAL_BATCH_SIZE = 256
 
 

@@ -34,9 +34,10 @@ import safetensors.torch
 from torch import nn
 
 from vit_hub.config import ViTConfig
+from vit_hub.errors import UserError
 from vit_hub.hub import resolve_model_dir
+from vit_hub.layout import GRAPH_LOGITS, ExportLayout
 from vit_hub.pretrained import load_model
-from vit_hub.layout import ExportLayout
 from vit_hub.storage import write_text_atomically
 
 from .evalset import EvalSet, check_labels, first_images, load_eval_set
@@ -44,7 +45,7 @@ from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
 from .graph_check import WEIGHTS_SHA256, weights_sha256
 from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
-from .runtime import PRECISIONS
+from .session import PRECISIONS
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
 
 # Real images for parity when no --calib-data is given: the bundled MNIST test split,
@@ -116,7 +117,7 @@ def write_config(config: ViTConfig, path: Path) -> None:
         try:
             if ViTConfig.from_json(path) == config:
                 return
-        except ValueError:
+        except UserError:
             pass  # not a vit_hub config: replace it
     write_text_atomically(path, json.dumps(config.to_dict(), indent=2) + "\n")
 
@@ -154,13 +155,7 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
         precision: "fp32", or "fp16" to also write float16 copies of the graphs for the CUDA
             provider (`model_fp16.onnx`, ...; see half.py), verified and measured.
     """
-    check_export_options(exporter, opset)
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ValueError(f"--quantize: expected one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if eval_limit is not None and eval_limit < 1:
-        raise ValueError(f"--eval-limit: expected a positive number of images, got {eval_limit}")
+    _check_options(exporter, opset, quantize, precision, eval_limit)
     reference, model, weights = _resolve_model(model)
     layout = ExportLayout.for_output(out)
     layout.folder.mkdir(parents=True, exist_ok=True)
@@ -171,20 +166,13 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
 
     report = _report_header(reference, exporter, opset, eval_set)
     with _staging(layout) as staged:
-        graphs = [(staged.logits, False)] + ([(staged.attentions, True)] if output_attentions else [])
         write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
-        for path, with_attentions in graphs:
-            write_graph(model, path, output_attentions=with_attentions, opset=opset, exporter=exporter)
-            tie_to_weights(path, weights)
-            report["graphs"][path.name] = verify_graph(model, path, opset, inputs, with_attentions)
-            if precision == "fp16":
-                half = convert_to_fp16(path, staged.in_precision(path, "fp16"))
-                tie_to_weights(half, weights)
-                report["graphs"][half.name] = verify_graph(model, half, opset, inputs, with_attentions, FP16_TOLERANCES)
+        report["graphs"] = _write_verified_graphs(model, staged, weights, inputs, output_attentions=output_attentions,
+                                                  precision=precision, opset=opset, exporter=exporter)
         if quantize:
             quantize_int8(staged.logits, staged.int8)
             tie_to_weights(staged.int8, weights)
-            report["graphs"][staged.int8.name] = check_file(staged.int8, opset, ["logits"])
+            report["graphs"][staged.int8.name] = check_file(staged.int8, opset, [GRAPH_LOGITS])
             report["quantization"] = measure_int8(staged.logits, staged.int8, eval_set, eval_limit)
         if precision == "fp16":
             report["fp16"] = measure_fp16(staged.logits, staged.in_precision(staged.logits, "fp16"), eval_set, eval_limit)
@@ -197,6 +185,34 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
     if failures:
         raise VerificationError(f"export verification failed: {'; '.join(failures)} (report: {layout.report})")
     return layout.logits
+
+
+def _write_verified_graphs(model: nn.Module, staged: ExportLayout, weights: str, inputs: dict[str, np.ndarray], *,
+                           output_attentions: bool, precision: str, opset: int, exporter: str) -> dict[str, Any]:
+    """Write the logits graph (the attentions graph too, and with fp16 a float16 copy of each),
+    tie each to the weights and verify it -> {file name: its section of the report}."""
+    sections = {}
+    graphs = [(staged.logits, False)] + ([(staged.attentions, True)] if output_attentions else [])
+    for path, with_attentions in graphs:
+        write_graph(model, path, output_attentions=with_attentions, opset=opset, exporter=exporter)
+        tie_to_weights(path, weights)
+        sections[path.name] = verify_graph(model, path, opset, inputs, with_attentions)
+        if precision == "fp16":
+            half = convert_to_fp16(path, staged.in_precision(path, "fp16"))
+            tie_to_weights(half, weights)
+            sections[half.name] = verify_graph(model, half, opset, inputs, with_attentions, FP16_TOLERANCES)
+    return sections
+
+
+def _check_options(exporter: str, opset: int, quantize: str | None, precision: str, eval_limit: int | None) -> None:
+    """The flags, before any work: each bad one is a one-line UserError naming it."""
+    check_export_options(exporter, opset)
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise UserError(f"--quantize: expected one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if eval_limit is not None and eval_limit < 1:
+        raise UserError(f"--eval-limit: expected a positive number of images, got {eval_limit}")
 
 
 def _report_header(reference: str, exporter: str, opset: int, eval_set: EvalSet) -> dict[str, Any]:

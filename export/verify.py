@@ -21,9 +21,11 @@ import torch
 from onnx.external_data_helper import uses_external_data
 from torch import nn
 
-from .runtime import ATTENTIONS, INPUT, LOGITS, create_session, requested_providers
+from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
 
-TOLERANCES = {LOGITS: 1e-4, ATTENTIONS: 1e-5}
+from .session import create_session, requested_providers
+
+TOLERANCES = {GRAPH_LOGITS: 1e-4, GRAPH_ATTENTIONS: 1e-5}
 PARITY_BATCHES = (1, 7)
 
 
@@ -49,15 +51,15 @@ def check_file(path: Path, opset: int, outputs: list[str]) -> dict[str, Any]:
         raise VerificationError(f"{path} keeps weights in external data; expected one self-contained file")
     inputs = {value.name: _dims(value) for value in model.graph.input}
     found = {value.name: _dims(value) for value in model.graph.output}
-    if list(inputs) != [INPUT] or list(found) != outputs:
-        raise VerificationError(f"{path}: expected input {[INPUT]} and outputs {outputs}, "
+    if list(inputs) != [GRAPH_INPUT] or list(found) != outputs:
+        raise VerificationError(f"{path}: expected input {[GRAPH_INPUT]} and outputs {outputs}, "
                                 f"got {list(inputs)} and {list(found)}")
     wrong_types = [value.name for value in [*model.graph.input, *model.graph.output]
                    if value.type.tensor_type.elem_type != onnx.TensorProto.FLOAT]
     if wrong_types:
         raise VerificationError(f"{path}: expected float32 inputs and outputs, got other types for {wrong_types}")
-    if not isinstance(inputs[INPUT][0], str):
-        raise VerificationError(f"{path}: expected a symbolic batch axis, got pixel_values {inputs[INPUT]}")
+    if not isinstance(inputs[GRAPH_INPUT][0], str):
+        raise VerificationError(f"{path}: expected a symbolic batch axis, got {GRAPH_INPUT} {inputs[GRAPH_INPUT]}")
     return {"file": path.name, "bytes": path.stat().st_size, "self_contained": True, "checker": "passed",
             "opset": written["ai.onnx"], "opset_imports": written, "inputs": inputs, "outputs": found}
 
@@ -75,8 +77,8 @@ def parity(model: nn.Module, path: Path, inputs: dict[str, np.ndarray], outputs:
     for kind, pixels in inputs.items():
         for batch in PARITY_BATCHES:
             sample = pixels[:batch]  # [batch, C, H, W]
-            expected = _torch_outputs(model, sample, ATTENTIONS in outputs)
-            got = session.run(outputs, {INPUT: sample})
+            expected = _torch_outputs(model, sample, GRAPH_ATTENTIONS in outputs)
+            got = session.run(outputs, {GRAPH_INPUT: sample})
             row: dict[str, Any] = {"input": kind, "batch": len(sample), "provider": session.get_providers()[0]}
             for name, ours, reference in zip(outputs, got, expected):
                 if ours.shape != reference.shape:
@@ -101,7 +103,7 @@ def parity_failures(rows: list[dict[str, Any]], tolerances: dict[str, float] = T
 def verify_graph(model: nn.Module, path: Path, opset: int, inputs: dict[str, np.ndarray],
                  output_attentions: bool, tolerances: dict[str, float] = TOLERANCES) -> dict[str, Any]:
     """Static checks and parity of one graph -> its section of the export report."""
-    outputs = [LOGITS, ATTENTIONS] if output_attentions else [LOGITS]
+    outputs = [GRAPH_LOGITS, GRAPH_ATTENTIONS] if output_attentions else [GRAPH_LOGITS]
     report = check_file(path, opset, outputs)
     report["parity"] = parity(model, path, inputs, outputs)
     report["tolerances_max_abs_diff"] = tolerances

@@ -35,8 +35,8 @@ from PIL import Image, ImageFile
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
-from export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: E402
-from export.__main__ import main as export_main  # noqa: E402
+from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: E402
+from vit_hub.export.__main__ import main as export_main  # noqa: E402
 from vit_hub import cli  # noqa: E402
 from vit_hub.pretrained import load_model  # noqa: E402
 from vit_hub.pretrained import VisionTransformer  # noqa: E402
@@ -240,7 +240,7 @@ def test_damaged_weights_are_never_pushed(model_dir, tmp_path, monkeypatch, how)
 
 def test_a_pickle_named_model_safetensors_is_refused_in_a_real_process(model_dir, tmp_path):
     broken = damaged_copy(model_dir, tmp_path / "broken", "pickle")
-    result = run_module("export", "--model", broken, "--out", tmp_path / "onnx")
+    result = run_module("vit_hub.export", "--model", broken, "--out", tmp_path / "onnx")
     assert result.returncode == 2
     assert_one_line(result.stderr, "found a Python pickle")
     assert not (broken / "UNPICKLED").exists() and not (tmp_path / "onnx").exists()

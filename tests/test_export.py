@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -12,16 +13,20 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 import torch
 from PIL import Image
+from torch import nn
 
 from conftest import tiny_config, train_tiny
-from export import OnnxClassifier, ProviderFallbackError, VerificationError, export_onnx
-from export.__main__ import main as cli_main
-from vit_hub.layout import ExportLayout
-from export.runtime import CPU, CUDA, CUDA_OPTIONS
-from export.verify import check_file
+from vit_hub.export import (OnnxClassifier, ProviderFallbackError, VerificationError, ensure_graphs, export_onnx,
+                            open_exporting)
+from vit_hub.export.__main__ import main as cli_main
+from vit_hub.export.exporter import write_graph
+from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, ExportLayout
+from vit_hub.export.session import CPU, CUDA, CUDA_OPTIONS
+from vit_hub.export.verify import check_file
 from vit_hub.config import ViTConfig
 from vit_hub.pretrained import VisionTransformer
 from vit_hub.postprocess import softmax, top_k
@@ -30,13 +35,35 @@ REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
 
 
+# Weights that make the parity tests see how each GELU is computed. At the ViT init (std 0.02)
+# GELU's arguments stay near 0, where its tanh approximation matches the exact erf form to
+# 1e-6, so a graph that approximated it would pass a 1e-4 logits tolerance; with arguments of
+# a few units the two differ by up to 5e-4 per value, and the head carries that to the logits.
+MLP_WEIGHT_STD = 0.3
+HEAD_WEIGHT_STD = 2.0
+
+
 def randomized(model: VisionTransformer, seed: int = 0) -> VisionTransformer:
-    """Non-zero head weights, so logits differ between images (the ViT init zeroes the head)."""
+    """Non-zero head weights, so logits differ between images (the ViT init zeroes the head),
+    and MLP weights large enough for the logits to show an approximated GELU (see above)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=generator) * 0.5)
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear) and ".mlp." in f".{name}.":
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * MLP_WEIGHT_STD)
+        model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=generator) * HEAD_WEIGHT_STD)
         model.head.bias.copy_(torch.randn(model.head.bias.shape, generator=generator) * 0.1)
     return model.eval()
+
+
+def exact_gelus(graph: onnx.ModelProto) -> int:
+    """How many GELUs the graph computes exactly: Erf nodes (the exporters' decomposition) and
+    Gelu nodes without approximate="tanh"."""
+    def approximation(node):
+        return next((attribute.s.decode() for attribute in node.attribute if attribute.name == "approximate"), "none")
+
+    return sum(node.op_type == "Erf" or node.op_type == "Gelu" and approximation(node) == "none"
+               for node in graph.graph.node)
 
 
 def pixels_for(config: ViTConfig, batch: int, seed: int = 0) -> np.ndarray:
@@ -88,7 +115,25 @@ def test_export_writes_self_contained_verified_graphs_and_the_config(exported, t
         assert {(row["input"], row["batch"]) for row in graph["parity"]} == {
             ("random", 1), ("random", 7), ("real", 1), ("real", 7)}
         assert all(row["logits_max_abs_diff"] <= 1e-4 for row in graph["parity"])
+        proto = onnx.load(str(folder / name))
+        assert exact_gelus(proto) == tiny[1].config.depth  # one per block's MLP, computed exactly
+        assert "Tanh" not in {node.op_type for node in proto.graph.node}
     assert all(row["attentions_max_abs_diff"] <= 1e-5 for row in report["graphs"]["model_attentions.onnx"]["parity"])
+
+
+def test_the_tiny_model_tells_exact_gelu_from_its_tanh_approximation(tiny, tmp_path):
+    """The parity tests would miss a graph with GELU approximated by tanh if the tiny model did
+    not make it visible: a graph so exported misses the logits tolerance by far."""
+    approximated = copy.deepcopy(tiny[1])
+    for module in approximated.modules():
+        if isinstance(module, nn.GELU):
+            module.approximate = "tanh"
+    path = write_graph(approximated, tmp_path / "tanh_gelu.onnx", output_attentions=False)
+    assert exact_gelus(onnx.load(str(path))) == 0
+    pixels = pixels_for(tiny[1].config, 7)
+    session = onnxruntime.InferenceSession(str(path), providers=[CPU])
+    [logits] = session.run([GRAPH_LOGITS], {GRAPH_INPUT: pixels})
+    assert np.abs(logits - torch_outputs(tiny[1], pixels)).max() > 5 * 1e-4  # 5x the tolerance
 
 
 @pytest.mark.parametrize("batch", [1, 5])
@@ -187,7 +232,7 @@ def test_runtime_works_where_torch_cannot_be_imported(exported, tmp_path):
     Image.new("RGB", (40, 30), (200, 60, 20)).save(image)
     script = BLOCK_TORCH + textwrap.dedent(f"""
         import numpy as np
-        from export import OnnxClassifier
+        from vit_hub.export import OnnxClassifier
         classifier = OnnxClassifier({str(exported)!r})
         ranked = classifier.predict({str(image)!r}, top_k=2)
         logits, attentions = classifier.run(classifier.preprocess([{str(image)!r}]), output_attentions=True)
@@ -201,6 +246,44 @@ def test_runtime_works_where_torch_cannot_be_imported(exported, tmp_path):
     # "auto" runs on CUDA wherever asking for CUDA by name works (a GPU machine), else on the CPU.
     expected = [CUDA, CPU] if _cuda_works(exported) else [CPU]
     assert f"torch-free: {expected}" in result.stdout
+
+
+EXPORTER_MODULES = ("pipeline", "exporter", "verify", "evalset", "half", "quantize")
+
+
+def test_the_runtime_imports_neither_torch_nor_the_exporter(exported):
+    """The runtime serves models that ship their graphs; exporting them (torch) is the caller's
+    business (on_demand.py), so neither loads while a classifier opens and runs."""
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        from vit_hub.export import OnnxClassifier, open_exporting
+        classifier = OnnxClassifier.from_model({str(exported.parent)!r}, output_attentions=True, providers="cpu")
+        classifier.run(np.zeros((1, 3, 16, 16), np.float32), output_attentions=True)
+        open_exporting({str(exported.parent)!r}, export_dir=None, output_attentions=True, providers="cpu")
+        print(sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "torchvision")
+                     or name.startswith("vit_hub.export.") and name.rsplit(".", 1)[1] in {EXPORTER_MODULES!r}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_caller_exports_on_the_fly_into_a_folder_it_names(tiny, exported, tmp_path):
+    model_dir = tiny[0]  # the weights and config only
+    with pytest.raises(FileNotFoundError, match=r"expected model_attentions.onnx in .*python -m vit_hub.export"):
+        OnnxClassifier.from_model(model_dir, output_attentions=True)
+    asked = []
+
+    def export_dir(folder: Path) -> Path:
+        asked.append(folder)
+        return tmp_path / "graphs"
+
+    classifier = open_exporting(model_dir, export_dir=export_dir, output_attentions=True, providers="cpu")
+    assert asked == [model_dir] and classifier.model_path == tmp_path / "graphs" / "model.onnx"
+    assert classifier.model_dir == model_dir and classifier.can_output_attentions
+    assert ensure_graphs(exported.parent, export_dir=export_dir, output_attentions=True) == exported.parent
+    assert asked == [model_dir]  # graphs there: nothing exported
 
 
 def _cuda_works(exported) -> bool:
@@ -242,18 +325,19 @@ def test_auto_and_cpu_providers_run_without_warnings(exported):
 def gpu_like(monkeypatch):
     """onnxruntime as on a GPU machine: CUDA available and able to start. Sessions are still
     created on the CPU; returns the provider lists handed to onnxruntime, in order."""
-    from export import runtime
+    from vit_hub.export import runtime, session
 
-    handed, real_session = [], runtime._session
+    handed, real_session = [], session._session
 
     def recording(path, options, providers):
         handed.append(providers)
         return real_session(path, options, [CPU])
 
-    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [CUDA, CPU])
-    monkeypatch.setattr(runtime, "_cuda_can_start", lambda: True)
-    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda: None)
-    monkeypatch.setattr(runtime, "_session", recording)
+    monkeypatch.setattr(session.ort, "get_available_providers", lambda: [CUDA, CPU])
+    monkeypatch.setattr(session, "cuda_can_start", lambda: True)
+    monkeypatch.setattr(runtime, "cuda_can_start", lambda: True)
+    monkeypatch.setattr(session.ort, "preload_dlls", lambda: None)
+    monkeypatch.setattr(session, "_session", recording)
     return handed
 
 
@@ -366,7 +450,7 @@ def test_fp16_export_writes_verified_float16_copies_with_float32_io(exported_fp1
 
 
 def test_fp16_parity_failure_fails_the_export(trained_tiny_dir, tmp_path, monkeypatch):
-    from export import half
+    from vit_hub.export import half
 
     monkeypatch.setitem(half.FP16_TOLERANCES, "logits", 1e-9)  # no float16 graph is this close
     with pytest.raises(VerificationError, match=r"logits differ by .* > 1e-09"):
@@ -389,7 +473,7 @@ def test_export_without_fp16_removes_stale_copies(exported_fp16, trained_tiny_di
     ("fp32", [(CUDA, {}), CPU], True, True, "fp32"),
 ])
 def test_precision_choice_with_faked_providers(precision, providers, cuda_starts, exported_fp16, chosen):
-    from export.runtime import choose_precision
+    from vit_hub.export.session import choose_precision
 
     assert choose_precision(precision, providers, cuda_starts, exported_fp16) == chosen
 
@@ -397,14 +481,15 @@ def test_precision_choice_with_faked_providers(precision, providers, cuda_starts
 def test_auto_loads_the_fp16_copy_for_cuda_and_fp32_when_cuda_does_not_start(exported_fp16, monkeypatch):
     """On a 'GPU machine' whose CUDA provider then fails to start, auto tries model_fp16.onnx
     on CUDA, sees the session on the CPU and reloads model.onnx."""
-    from export import runtime
+    from vit_hub.export import runtime, session
 
-    loaded, real_session = [], runtime._session
-    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [CUDA, CPU])
-    monkeypatch.setattr(runtime, "_cuda_can_start", lambda: True)
-    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda: None)
-    monkeypatch.setattr(runtime, "_session", lambda path, options, providers: (
-        loaded.append((Path(path).name, runtime._provider_name(providers[0]))), real_session(path, options, [CPU]))[1])
+    loaded, real_session = [], session._session
+    monkeypatch.setattr(session.ort, "get_available_providers", lambda: [CUDA, CPU])
+    monkeypatch.setattr(session, "cuda_can_start", lambda: True)
+    monkeypatch.setattr(runtime, "cuda_can_start", lambda: True)
+    monkeypatch.setattr(session.ort, "preload_dlls", lambda: None)
+    monkeypatch.setattr(session, "_session", lambda path, options, providers: (
+        loaded.append((Path(path).name, session.provider_name(providers[0]))), real_session(path, options, [CPU]))[1])
     classifier = OnnxClassifier(exported_fp16)
     assert loaded == [("model_fp16.onnx", CUDA), ("model.onnx", CUDA)] and classifier.precision == "fp32"
 
@@ -429,7 +514,7 @@ def test_fp16_asked_for_without_the_copy_names_the_export_command(exported):
 
 
 def test_cli_fp16_summary_line_and_bad_precision(exported_fp16, capsys):
-    from export.__main__ import summary
+    from vit_hub.export.__main__ import summary
 
     lines = summary(json.loads((exported_fp16.parent / "model_export_report.json").read_text()))
     assert any(line.startswith("model_attentions_fp16.onnx: ") for line in lines)
@@ -484,7 +569,7 @@ def test_bundled_model_exports_with_parity_and_int8_within_bound(tmp_path):
 def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_image_folder, tmp_path):
     out = tmp_path / "cli" / "tiny.onnx"
     result = subprocess.run(
-        [sys.executable, "-m", "export", "--model", str(trained_tiny_dir), "--out", str(out), "--output-attentions",
+        [sys.executable, "-m", "vit_hub.export", "--model", str(trained_tiny_dir), "--out", str(out), "--output-attentions",
          "--quantize", "int8", "--calib-data", str(split_image_folder), "--opset", "17"],
         capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )

@@ -1,7 +1,7 @@
 """Every command line's --help: each flag says what it does and its default, the top level shows
 examples, and the flags that take a kind of thing (--data, --preset, --param) list the kinds.
 
-The parsers are walked (every subcommand of `vit-hub`, `python -m export`, `app.py`), so a flag
+The parsers are walked (every subcommand of `vit-hub`, `python -m vit_hub.export`, `app.py`), so a flag
 added without help, or with help that never says its default, fails here by name.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import app
-from export.__main__ import build_parser as export_parser
+from vit_hub.export.__main__ import build_parser as export_parser
 from vit_hub import cli
 from vit_hub.config import PRESETS, ViTConfig
 from vit_hub.data import TORCHVISION_DATASETS
@@ -66,7 +66,7 @@ def flags_and_helps() -> list[tuple[str, str, str, argparse.Action, argparse.Arg
 
 def test_the_walk_reaches_every_command_line():
     progs = set(parsers())
-    assert {"python -m export", "vit-hub"} <= progs
+    assert {"python -m vit_hub.export", "vit-hub"} <= progs
     assert {f"vit-hub {name}" for name in cli.COMMANDS} <= progs
     assert len(progs) == len(cli.COMMANDS) + 3  # vit-hub, its commands, export, app.py
 
@@ -140,8 +140,8 @@ def test_param_lists_every_name_it_accepts():
 
 
 def test_the_installed_commands_print_it():
-    """The console script and `python -m export` print the same help, and app.py its own."""
+    """The console script and `python -m vit_hub.export` print the same help, and app.py its own."""
     for command in ([str(Path(sys.executable).parent / "vit-hub"), "train", "--help"],
-                    [sys.executable, "-m", "export", "--help"], [sys.executable, "app.py", "--help"]):
+                    [sys.executable, "-m", "vit_hub.export", "--help"], [sys.executable, "app.py", "--help"]):
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
         assert done.returncode == 0 and "default" in done.stdout and "Traceback" not in done.stderr, done.stderr

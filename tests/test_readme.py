@@ -148,7 +148,7 @@ QUICK_START = "vit-hub train --data path/to/folder --out runs/scratch     # from
 TRAIN = "vit-hub train --data path/to/folder --out runs/my-model"
 AFTER_TRAIN = "vit-hub train --resume --out runs/my-model          # continue (also after Ctrl-C): same result as uninterrupted"
 BUNDLED = "vit-hub train --data mnist --init models/vit-mnist --canonicalize digit --lr 3e-4 --epochs 6 --out runs/vit-mnist"
-EXPORT = "python -m export --model models/vit-mnist --out runs/onnx --output-attentions --quantize int8 --calib-data mnist"
+EXPORT = "python -m vit_hub.export --model models/vit-mnist --out runs/onnx --output-attentions --quantize int8 --calib-data mnist"
 HUB = "export HF_TOKEN=hf_...            # or `hf auth login`, or --token (a flag is visible to other users)"
 DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same way"
 TWO_MACHINES = "# two machines, 8 GPUs each: run this on both, HOST being the first machine's address, with"
@@ -204,7 +204,7 @@ def _wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> int:
 def test_the_activation_line_puts_the_commands_on_path():
     text = substitute(block(ACTIVATION), [("make install ", "make -s -o .venv/.installed install ")])
     assert ACTIVATE in text
-    done = run_block(text + "\ncommand -v vit-hub torchrun\nvit-hub --help\npython -m export --help\n"
+    done = run_block(text + "\ncommand -v vit-hub torchrun\nvit-hub --help\npython -m vit_hub.export --help\n"
                             "python -c 'import torch, export'")
     assert done.stdout.splitlines()[:2] == [str(VENV_BIN / "vit-hub"), str(VENV_BIN / "torchrun")]
     for command in ("train", "eval", "predict", "info", "sweep", "push", "pull"):

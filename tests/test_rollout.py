@@ -231,7 +231,7 @@ def test_overlay_rejects_bad_arguments():
 
 
 def test_onnx_attentions_give_the_torch_map(tmp_path):
-    import export
+    from vit_hub import export
 
     model = tiny_model(image_size=16)
     model_dir = tmp_path / "tiny"

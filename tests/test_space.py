@@ -46,7 +46,7 @@ import sys
 
 from packaging.requirements import Requirement
 
-# Only what the Space folder holds: not this checkout's vit_hub and export (the editable install).
+# Only what the Space folder holds: not this checkout's vit_hub (the editable install).
 sys.meta_path[:] = [finder for finder in sys.meta_path if "editable" not in getattr(finder, "__module__", "")]
 
 
@@ -95,7 +95,7 @@ class OnlyTheRequirements:
 try:
     PROVIDERS = metadata.packages_distributions()  # top-level module -> distributions
     ALLOWED = installed_with(os.environ["SPACE_REQUIREMENTS"].split())
-    OWN = {"app", "vit_hub", "export"}  # the Space folder's own sources
+    OWN = {"app", "vit_hub"}  # the Space folder's own sources
     sys.meta_path.insert(0, OnlyTheRequirements)
 except Exception as error:  # Python would only warn and start the app without the check
     print(f"sitecustomize: {error!r}", flush=True)
@@ -142,9 +142,10 @@ def test_dry_run_writes_a_space_folder_and_uploads_nothing(hub, tmp_path, capsys
 
     written = files_of(out)
     assert written["app.py"] == (ROOT / "app.py").read_bytes()  # this project's app, as it is
-    for package in ("vit_hub", "export"):
-        for source in (ROOT / package).glob("*.py"):
-            assert written[f"{package}/{source.name}"] == source.read_bytes()
+    for folder, target in (("vit_hub", "vit_hub"), ("export", "vit_hub/export")):  # as vit_hub.export imports
+        for source in (ROOT / folder).rglob("*.py"):
+            assert written[f"{target}/{source.relative_to(ROOT / folder).as_posix()}"] == source.read_bytes()
+    assert not any(name.startswith("export/") for name in written)  # no top-level `export` package
     for name in ("config.json", "model.safetensors", "model.onnx", "model_attentions.onnx", "faithfulness.json"):
         assert written[f"{MODEL_FOLDER}/{name}"] == (MODEL_DIR / name).read_bytes()
     assert not any(name.endswith((".pyc", ".gz")) for name in written)  # no caches, no training data
@@ -196,7 +197,7 @@ def test_a_model_without_its_onnx_graphs_is_refused_naming_the_fix(hub, tmp_path
     for name in ("config.json", "model.safetensors"):
         shutil.copy(MODEL_DIR / name, bare / name)
     assert main(["space", str(bare), "--repo-id", SPACE, "--dry-run", "--out", str(tmp_path / "a")]) == 2
-    assert "python -m export" in one_line_error(capsys)
+    assert "python -m vit_hub.export" in one_line_error(capsys)
 
     push_to_hub(bare, MODEL_REPO)  # weights only
     assert main(["space", MODEL_REPO, "--repo-id", SPACE, "--dry-run", "--out", str(tmp_path / "b")]) == 2
@@ -290,15 +291,18 @@ def wait_until_serving(server: subprocess.Popen, url: str, log: Path, timeout: f
 
 
 def classify(url: str) -> None:
-    """The sample through both named endpoints: labels with the four pictures, and labels alone."""
+    """The sample through the named endpoints: labels with the four pictures, labels with the
+    map as numbers, and labels alone."""
     from gradio_client import Client, handle_file
     from PIL import Image
 
     client = Client(url, verbose=False)
     scores, overlay, strip, model_input, heads = client.predict(handle_file(str(SAMPLE)), "mean", 0.0, 3,
-                                                                api_name="/predict")
+                                                                api_name="/explain")
     assert scores["label"] == "7" and len(scores["confidences"]) == 3
     assert Image.open(overlay).size == Image.open(model_input).size == (280, 280)
+    numbers, answer = client.predict(handle_file(str(SAMPLE)), "mean", 0.0, 3, api_name="/predict")
+    assert numbers == scores and len(answer["map"]) == answer["grid"][0]
     labels = client.predict(handle_file(str(SAMPLE)), 2, api_name="/predict_labels")
     assert labels["label"] == "7" and len(labels["confidences"]) == 2
     assert labels["confidences"][0]["confidence"] == pytest.approx(scores["confidences"][0]["confidence"])

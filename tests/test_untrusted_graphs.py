@@ -1,14 +1,14 @@
 """ONNX graphs from an untrusted model dir (issue 25, items 4 and 6).
 
 Item 4: a graph is checked before ONNX Runtime loads it (export/graph_check.py): only the
-graphs `python -m export` writes for the dir's config get a session; anything that would
+graphs `python -m vit_hub.export` writes for the dir's config get a session; anything that would
 allocate beyond what the config implies, or uses operators, domains or external data the
 exporter never writes, is refused in one line naming what was found. The hostile graphs run
 in a child process under an address-space limit, so a regression fails on the limit instead
 of taking the machine's memory.
 
 Item 6: graphs are written to a staging folder and moved in whole, and each carries the
-sha256 of the weights it came from: a real SIGKILL of `python -m export` at several points
+sha256 of the weights it came from: a real SIGKILL of `python -m vit_hub.export` at several points
 never leaves a cut graph, and ONNX Runtime refuses graphs from other weights.
 """
 
@@ -31,11 +31,11 @@ import torch
 from conftest import assert_one_line, free_port, tiny_config
 from onnx import TensorProto, helper
 
-from export import OnnxClassifier, OnnxModelError, export_onnx
-from export.exporter import write_graph
-from export.graph_check import WEIGHTS_SHA256, check_graph, weights_sha256
-from export.half import convert_to_fp16
-from export.quantize import quantize_int8
+from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx
+from vit_hub.export.exporter import write_graph
+from vit_hub.export.graph_check import WEIGHTS_SHA256, check_graph, weights_sha256
+from vit_hub.export.half import convert_to_fp16
+from vit_hub.export.quantize import quantize_int8
 from vit_hub.config import ViTConfig
 from vit_hub.pretrained import VisionTransformer
 
@@ -135,7 +135,7 @@ HOSTILE = {
 LOAD_IN_A_CHILD = """
 import resource, sys
 import numpy as np
-from export import OnnxClassifier, OnnxModelError
+from vit_hub.export import OnnxClassifier, OnnxModelError
 try:
     OnnxClassifier(sys.argv[1], providers="cpu").run(np.zeros((1, 3, 16, 16), np.float32), output_attentions=True)
     print("ran")
@@ -176,7 +176,7 @@ def test_the_app_refuses_a_graph_bomb_at_start_in_one_line_with_bounded_memory(m
     nodes, _, _, _ = HOSTILE["ConstantOfShape of 13.4 GB"]
     folder = copy_of(model_dir, tmp_path)
     (folder / "model_attentions.onnx").write_bytes(graph_bytes(nodes, tie=weights_sha256(folder / "model.safetensors")))
-    script = ("import resource, sys, app\ntry:\n    app.main(sys.argv[1:])\nfinally:\n"
+    script = ("import resource, sys\nfrom vit_hub.demo import server\ntry:\n    server.main(sys.argv[1:])\nfinally:\n"
               "    print('peak_mb', next(int(line.split()[1]) for line in open('/proc/self/status')"
               " if line.startswith('VmHWM:')) // 1024)")
     result = run_limited([sys.executable, "-c", script, "--model", str(folder), "--backend", "onnx",
@@ -237,7 +237,7 @@ def test_every_graph_the_exporter_writes_passes_within_the_stated_margins(varian
     """graph_check.py says: no value above 1x the config's largest activation, all values
     together at most 8x per block (depth + 2). Checked with those as the limits (the limits
     in force are 2x and 32x), for both exporters, the attentions graph, fp16 and int8."""
-    from export import graph_check
+    from vit_hub.export import graph_check
 
     config = ViTConfig(**VARIANTS[variant])
     model = VisionTransformer(**config.to_dict()).eval()
@@ -287,14 +287,14 @@ def test_graphs_from_other_weights_are_refused_and_exporting_again_fixes_it(mode
     with pytest.raises(OnnxModelError) as error:
         OnnxClassifier(folder, providers="cpu")
     assert_one_line(str(error.value), "model.onnx was exported from other weights than the model.safetensors beside it",
-                    "python -m export --model MODEL_DIR")
+                    "python -m vit_hub.export --model MODEL_DIR")
     export_onnx(folder, folder, output_attentions=True)  # the same command again
     assert OnnxClassifier(folder, providers="cpu").weights_sha256 == weights_sha256(retrained / "model.safetensors")
 
 
 def test_a_logits_and_attentions_graph_from_different_weights_are_refused(model_dir, retrained, tmp_path):
-    """A kill between the two graphs once left a new model.onnx beside an old model_attentions.onnx
-    (logits 0.68 apart); here as a folder of graphs without weights, where only the pair can tell."""
+    """A kill between the moves of the two graphs can leave a new model.onnx beside an old
+    model_attentions.onnx; here as a folder of graphs without weights, where only the pair can tell."""
     folder = tmp_path / "graphs"
     folder.mkdir()
     for name in ("config.json", "model.onnx"):
@@ -334,13 +334,13 @@ KILL_POINTS = {
 
 @pytest.mark.slow
 def test_sigkill_of_python_m_export_never_leaves_a_cut_or_mismatched_graph(model_dir, retrained, tmp_path):
-    """The dir holds graphs of weights A; its weights become B and `python -m export` runs and is
+    """The dir holds graphs of weights A; its weights become B and `python -m vit_hub.export` runs and is
     SIGKILLed at several points. After every kill each graph is a whole graph of A or of B,
     and ONNX Runtime either serves a B pair or refuses in one line; a last run brings all in step."""
     folder = copy_of(model_dir, tmp_path)
     shutil.copy(retrained / "model.safetensors", folder / "model.safetensors")
     old, new = weights_sha256(model_dir / "model.safetensors"), weights_sha256(folder / "model.safetensors")
-    command = [sys.executable, "-m", "export", "--model", str(folder), "--out", str(folder), "--output-attentions"]
+    command = [sys.executable, "-m", "vit_hub.export", "--model", str(folder), "--out", str(folder), "--output-attentions"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
     assert subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=300).returncode == 0

@@ -189,7 +189,7 @@ def test_the_bundled_model_loads_within_the_same_bound():
 @pytest.mark.slow
 def test_every_entry_point_refuses_a_config_that_does_not_fit_the_weights(model_dir, tmp_path):
     """eval, inspect, info, export and the app load through the same checks."""
-    from export.__main__ import main as export_main
+    from vit_hub.export.__main__ import main as export_main
 
     hostile = with_config(model_dir, tmp_path / "hostile", embed_dim=32)
     fragment = "do not match the config: expected cls_token of shape [1, 1, 32], found [1, 1, 16]"

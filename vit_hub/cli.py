@@ -238,7 +238,7 @@ def _add_space(commands) -> None:
         description="Write a Hugging Face Space that serves MODEL with this project's app (ONNX backend, CPU, "
                     "no torch) and upload it to --repo-id. A model folder is bundled into the Space (small models); "
                     "a Hub repo id is downloaded when the Space starts, pinned to the commit it has now.")
-    space.add_argument("model", metavar="MODEL", help="model dir with its ONNX graphs (python -m export "
+    space.add_argument("model", metavar="MODEL", help="model dir with its ONNX graphs (python -m vit_hub.export "
                        "--output-attentions), or the Hub repo id of one pushed with --with-onnx")
     space.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="the Space; created if it does not exist")
     space.add_argument("--out", help="folder to write the Space to (default: ./NAME); a Space folder written "

@@ -1,4 +1,4 @@
-"""What every command line here shares (`vit-hub`, `python -m export`, `app.py`): a usage
+"""What every command line here shares (`vit-hub`, `python -m vit_hub.export`, `app.py`): a usage
 error or a user's mistake is one line on stderr and an exit code, never a traceback."""
 
 from __future__ import annotations

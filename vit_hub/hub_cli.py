@@ -13,8 +13,8 @@ def add_hub_commands(subparsers) -> None:
     push.add_argument("--private", action="store_true", help="make the repo private when this push creates it")
     push.add_argument("--with-onnx", action="store_true",
                       help="also upload model.onnx, model_attentions.onnx (for the app's rollout) and the export report "
-                           "that the model dir holds; refused, naming the `python -m export` command, when it has no "
-                           "model.onnx")
+                           "that the model dir holds; refused, naming the `python -m vit_hub.export` command, when it "
+                           "has no model.onnx")
     push.add_argument("--revision", help="branch to commit to (default main; created if missing)")
     push.add_argument("--commit-message",
                       help="the commit's message (default: \"Upload vit_hub model from FOLDER\")")

@@ -1,5 +1,5 @@
 """Every file a model dir can hold, and the names inside its ONNX graphs. Torch-free, and the
-one place these names are written: training and import write this layout, `python -m export`
+one place these names are written: training and import write this layout, `python -m vit_hub.export`
 adds its graphs, ONNX Runtime, the app and the Hub read it, a push uploads it.
 
 A model dir (`models/vit-mnist`):

@@ -1,8 +1,9 @@
 """A Hugging Face Space that demos a vit_hub model with this project's Gradio app.
 
 `write_space` fills a folder with what a Gradio Space runs: `app.py` and the sources of
-the `vit_hub` and `export` packages copied from this checkout (a Space cannot install them
-from anywhere else), the bundled sample digits, `requirements.txt`, a README whose front
+the `vit_hub` package copied from this checkout (a Space cannot install them from anywhere
+else; the checkout's `export/` goes to `vit_hub/export/`, where its import name finds it
+with no install), the bundled sample digits, `requirements.txt`, a README whose front
 matter tells the Hub how to run it, and `space.json`, which names the model `app.py`
 serves when it starts with no flags:
 
@@ -12,7 +13,7 @@ serves when it starts with no flags:
 
 The Space runs the app's ONNX backend: no torch to install (the Space builds and starts
 faster, and a CPU Space has no use for it), so the model needs its ONNX graphs
-(`python -m export --output-attentions`, or `vit-hub push --with-onnx` for a repo).
+(`python -m vit_hub.export --output-attentions`, or `vit-hub push --with-onnx` for a repo).
 The methods that need gradients are not offered there.
 
 `push_space` uploads the folder as a Space repo in one commit. This module never imports
@@ -30,9 +31,10 @@ from pathlib import Path
 
 from huggingface_hub import HfApi, metadata_load
 
+from .errors import UserError
 from .hub import (DEFAULT_BRANCH, _push_token, check_config, check_model_dir, check_repo_id, fetch_file,
-                  has_file, hub_endpoint, hub_errors, MODEL_FILES)
-from .layout import ExportLayout
+                  has_file, hub_endpoint, hub_errors)
+from .layout import PUBLISHED_FILES, ExportLayout, ModelDir
 
 SETTINGS_FILE = "space.json"  # in the Space folder: the model app.py serves and how
 MODEL_FOLDER = "model"  # a bundled model's folder inside the Space
@@ -40,14 +42,19 @@ BACKEND = "onnx"  # torch-free: see the module docstring
 MAX_BUNDLE_BYTES = 100 * 2**20  # larger models are pulled from their Hub repo instead
 MAX_SETTINGS_BYTES = 64 * 2**10
 # What the app reads of a model dir beyond what a push uploads: the page's faithfulness line
-# (app.FAITHFULNESS_FILE, written by bench/faithfulness.py --write).
-APP_EXTRA_FILES = ("faithfulness.json",)
+# (written by bench/faithfulness.py --write).
+APP_EXTRA_FILES = (ModelDir.faithfulness,)
 CHECKOUT = Path(__file__).resolve().parents[1]  # where app.py, export/ and samples/ are
-SOURCES = ("app.py", "vit_hub/*.py", "export/*.py", "samples/*.png")  # relative to CHECKOUT
+SOURCES = (  # (a folder of CHECKOUT, its files, where they go in the Space)
+    (".", "app.py", "."),
+    ("vit_hub", "**/*.py", "vit_hub"),
+    ("export", "*.py", "vit_hub/export"),  # the package vit_hub.export (pyproject.toml maps it so)
+    ("samples", "*.png", "samples"),
+)
 # The packages the app imports on its ONNX path, pinned to the versions installed here.
 # onnxruntime stands for the installed onnxruntime-gpu: see ONNXRUNTIME_NOTE.
 REQUIREMENTS = ("gradio", "onnxruntime", "onnx", "huggingface_hub", "numpy", "scipy", "pillow", "matplotlib",
-                "safetensors")  # onnx: export.runtime checks each graph before a session opens it
+                "safetensors")  # onnx: vit_hub.export checks each graph before a session opens it
 ONNXRUNTIME_NOTE = (
     "# onnxruntime is the CPU build. This project installs onnxruntime-gpu elsewhere and never both\n"
     "# side by side (the CPU build would hide the CUDA provider); a CPU Space gets only this one, which\n"
@@ -79,18 +86,18 @@ def write_space(model: str | Path, out: str | Path, repo_id: str, revision: str 
     check_repo_id(repo_id, flag="--repo-id")
     out = Path(out)
     _check_out(out)
-    missing = [pattern for pattern in SOURCES if not any(CHECKOUT.glob(pattern))]
+    missing = [f"{folder}/{files}" for folder, files, _ in SOURCES if not any((CHECKOUT / folder).glob(files))]
     if missing:
         raise FileNotFoundError(f"space: expected this project's sources ({', '.join(missing)}) beside the "
                                 f"vit_hub package in {CHECKOUT}, found none; run it from a source checkout")
     if Path(model).is_dir():
         model_dir = Path(model)
         bundled = _files_to_bundle(model_dir)
-        settings, model_repo, card = SpaceSettings(MODEL_FOLDER, None), None, model_dir / "README.md"
+        settings, model_repo, card = SpaceSettings(MODEL_FOLDER, None), None, ModelDir(model_dir).card
     else:
         bundled = []
         settings = SpaceSettings(str(model), _pinned_commit(str(model), revision, token))
-        model_repo, card = str(model), fetch_file(str(model), "README.md", settings.revision, token, required=False)
+        model_repo, card = str(model), fetch_file(str(model), ModelDir.card, settings.revision, token, required=False)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -98,7 +105,7 @@ def write_space(model: str | Path, out: str | Path, repo_id: str, revision: str 
     licence = _licence(card)
     for name, text in ((SETTINGS_FILE, json.dumps(dataclasses.asdict(settings), indent=2) + "\n"),
                        ("requirements.txt", requirements_text()),
-                       ("README.md", readme_text(repo_id, settings, model_repo, licence))):
+                       (ModelDir.card, readme_text(repo_id, settings, model_repo, licence))):  # a Space's card too
         (out / name).write_text(text, encoding="utf-8")
         files.append(name)
     return WrittenSpace(out, settings, sorted(files))
@@ -109,7 +116,7 @@ def _check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out: expected a folder, got the file {out}")
     if out.is_dir() and any(out.iterdir()) and not (out / SETTINGS_FILE).is_file():
-        raise ValueError(f"--out: expected a new or empty folder (or a Space folder `vit-hub space` wrote), "
+        raise UserError(f"--out: expected a new or empty folder (or a Space folder `vit-hub space` wrote), "
                               f"got {out} with other files in it")
 
 
@@ -121,14 +128,14 @@ def _files_to_bundle(model_dir: Path) -> list[Path]:
     for graph in (layout.logits, layout.attentions):
         if not graph.is_file():
             raise FileNotFoundError(f"space: expected {graph.name} in {model_dir}, found none; the Space runs the "
-                                    f"ONNX backend, export it first: python -m export --model {model_dir} "
+                                    f"ONNX backend, export it first: python -m vit_hub.export --model {model_dir} "
                                     f"--out {model_dir} --output-attentions")
-    names = [name for name in (*MODEL_FILES, *APP_EXTRA_FILES) if name != "README.md"]
+    names = [name for name in (*PUBLISHED_FILES, *APP_EXTRA_FILES) if name != ModelDir.card]  # the Space has its own
     paths = [model_dir / name for name in names] + [layout.logits, layout.attentions]
     paths = [path for path in paths if path.is_file() and not path.is_symlink()]
     size = sum(path.stat().st_size for path in paths)
     if size > MAX_BUNDLE_BYTES:
-        raise ValueError(f"space: {model_dir} is {size / 2**20:.0f} MB, over the {MAX_BUNDLE_BYTES // 2**20} MB "
+        raise UserError(f"space: {model_dir} is {size / 2**20:.0f} MB, over the {MAX_BUNDLE_BYTES // 2**20} MB "
                          f"bundled in a Space; push it (vit-hub push --model {model_dir} --repo-id OWNER/NAME "
                          f"--with-onnx) and give the repo id instead, the Space then pulls it when it starts")
     return paths
@@ -137,7 +144,7 @@ def _files_to_bundle(model_dir: Path) -> list[Path]:
 def _pinned_commit(repo_id: str, revision: str | None, token: str | None) -> str:
     """The commit `revision` of the model repo is at now, after checking that it is a vit_hub
     model with both ONNX graphs there."""
-    config = fetch_file(repo_id, "config.json", revision, token, flag="space MODEL")
+    config = fetch_file(repo_id, ModelDir.config, revision, token, flag="space MODEL")
     check_config(config, repo_id)
     with hub_errors(repo_id, revision):
         commit = HfApi(endpoint=hub_endpoint(), token=token).model_info(repo_id, revision=revision or DEFAULT_BRANCH).sha
@@ -151,8 +158,8 @@ def _pinned_commit(repo_id: str, revision: str | None, token: str | None) -> str
 
 
 def _copy_sources(out: Path) -> list[str]:
-    return [_copy(path, out / path.relative_to(CHECKOUT), out)
-            for pattern in SOURCES for path in sorted(CHECKOUT.glob(pattern)) if path.is_file()]
+    return [_copy(path, out / target / path.relative_to(CHECKOUT / folder), out)
+            for folder, files, target in SOURCES for path in sorted((CHECKOUT / folder).glob(files)) if path.is_file()]
 
 
 def _copy(source: Path, target: Path, root: Path) -> str:
@@ -207,8 +214,8 @@ def readme_text(repo_id: str, settings: SpaceSettings, model_repo: str | None, l
             f"A [vit_hub](https://github.com/vit-hub/vit_hub) Vision Transformer demo: upload an image to see "
             f"the top classes, a map of the patches that support the prediction, and the attention rollout layer "
             f"by layer. It serves {served}, with ONNX Runtime on the CPU.\n\n"
-            f"From Python, `gradio_client` calls `/predict` (labels and the four pictures) or "
-            f"`/predict_labels` (labels only, no pictures to download):\n\n"
+            f"From Python, `gradio_client` calls `/predict` (labels and the map of the patches as numbers), "
+            f"`/predict_labels` (labels only) or `/explain` (labels and the page's four pictures):\n\n"
             f"```python\nfrom gradio_client import Client, handle_file\n\n"
             f"client = Client(\"{repo_id}\")\n"
             f"print(client.predict(handle_file(\"digit.png\"), 3, api_name=\"/predict_labels\"))\n```\n\n"
@@ -230,22 +237,22 @@ def read_settings(folder: Path) -> SpaceSettings | None:
         return None
     where = f"{SETTINGS_FILE} beside app.py"
     if path.stat().st_size > MAX_SETTINGS_BYTES:
-        raise ValueError(f"{where}: expected at most {MAX_SETTINGS_BYTES} bytes, got {path.stat().st_size}")
+        raise UserError(f"{where}: expected at most {MAX_SETTINGS_BYTES} bytes, got {path.stat().st_size}")
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:
-        raise ValueError(f"{where}: expected JSON, got {error}") from None
+        raise UserError(f"{where}: expected JSON, got {error}") from None
     fields = {field.name for field in dataclasses.fields(SpaceSettings)}
     if not isinstance(values, dict) or set(values) - fields or not isinstance(values.get("model"), str) \
             or not isinstance(values.get("revision"), (str, type(None))) or values.get("backend") not in ("onnx", "torch"):
-        raise ValueError(f"{where}: expected {{\"model\": folder or repo id, \"revision\": commit or null, "
+        raise UserError(f"{where}: expected {{\"model\": folder or repo id, \"revision\": commit or null, "
                          f"\"backend\": \"onnx\" or \"torch\"}}, got {json.dumps(values)[:200]}")
     settings = SpaceSettings(**values)
     inside = Path(folder) / settings.model
     if not inside.exists():
         return settings  # a repo id
     if not inside.resolve().is_relative_to(Path(folder).resolve()):
-        raise ValueError(f"{where}: expected the model folder inside the Space, got {settings.model!r}")
+        raise UserError(f"{where}: expected the model folder inside the Space, got {settings.model!r}")
     return dataclasses.replace(settings, model=str(inside))
 
 

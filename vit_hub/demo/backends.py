@@ -106,10 +106,10 @@ class OnnxPredictor:
     def load(cls, reference: str | Path, threads: int | None = 1, revision: str | None = None) -> "OnnxPredictor":
         """A model dir or Hub repo id (at `revision`); without model_attentions.onnx there, export
         to a temp dir first. threads: onnxruntime intra-op threads per session (one, as for torch)."""
-        from vit_hub.export import OnnxClassifier
+        from ..export import open_exporting  # the runtime never exports: this backend asks for it
 
-        return cls(OnnxClassifier.from_model(reference, output_attentions=True, export_dir=_export_dir,
-                                             threads=threads, revision=revision))
+        return cls(open_exporting(reference, output_attentions=True, export_dir=_export_dir,
+                                  threads=threads, revision=revision))
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         logits, attentions = self.classifier.run(pixels, output_attentions=True)
