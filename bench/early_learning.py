@@ -21,9 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from vit_hub import data as vdata
+from vit_hub.augmentation import TrainTransform
+from vit_hub.batches import EvalTransform, Transformed, make_loader
 from vit_hub.config import ViTConfig
 from vit_hub.model import VisionTransformer
-from vit_hub.train import parameter_groups
+from vit_hub.step import parameter_groups
 
 VARIANTS = {
     "conv": dict(augment="none", patch_embedding="conv"),
@@ -36,7 +38,7 @@ def run(name: str, splits: vdata.DataSplits, steps: int = 250, lr: float = 1e-3)
     variant = VARIANTS[name]
     torch.manual_seed(0)
     config = ViTConfig.from_preset("mnist", patch_embedding=variant["patch_embedding"])
-    loader = vdata.make_loader(vdata.Transformed(splits.train, vdata.TrainTransform(config, variant["augment"])),
+    loader = make_loader(Transformed(splits.train, TrainTransform(config, variant["augment"])),
                                128, shuffle=True, seed=0, num_workers=1, pin_memory=False)
     model = VisionTransformer(config)
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=lr)
@@ -50,7 +52,7 @@ def run(name: str, splits: vdata.DataSplits, steps: int = 250, lr: float = 1e-3)
         optimizer.step()
         if step + 1 == steps:
             break
-    transform = vdata.EvalTransform(config)
+    transform = EvalTransform(config)
     images = torch.stack([transform(splits.val[i][0]) for i in range(1000)])
     labels = torch.tensor([splits.val[i][1] for i in range(1000)])
     with torch.no_grad():

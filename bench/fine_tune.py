@@ -151,8 +151,8 @@ def final_accuracy(metrics: dict) -> dict:
 def run_with_layer_decay(decay: float, argv: list[str]) -> int:
     """`vit-hub` with layer-wise learning-rate decay: each block's rate is the next one's times
     `decay` (head and final norm at the full rate, the patch embedding and positions lowest).
-    Done by replacing vit_hub.train's parameter groups and AdamW in this process only."""
-    import vit_hub.train as training
+    Done by replacing vit_hub.step's parameter groups and AdamW in this process only."""
+    import vit_hub.step as training
     from vit_hub.cli import main as cli_main
 
     def parameter_groups(model, weight_decay: float) -> list[dict]:

@@ -197,7 +197,8 @@ def time_loaders(loaders, rounds: int, batches: int, batch: int) -> dict[str, li
 def step_rate(batch: int, steps: int) -> tuple[float, float]:
     """The vit_hub model's training steps on random tensors, one thread: (img/s, GFLOP/s)."""
     from vit_hub.pretrained import VisionTransformer
-    from vit_hub.train import parameter_groups, training_flops
+    from vit_hub.flops import training_flops
+    from vit_hub.step import parameter_groups
 
     torch.manual_seed(0)
     model = VisionTransformer(**config().to_dict()).train()

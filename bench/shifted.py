@@ -207,14 +207,14 @@ def chosen_budget(run: Path, log: Path) -> dict:
 def default_budget(data: Path) -> dict:
     """Epochs, batch size and input size that vit_hub's defaults choose for `data`, computed
     without training (for a ResNet row run without the defaults row)."""
-    from vit_hub import train as vtrain
+    from vit_hub import schedule
     from vit_hub.config import suggest_for_data
     from vit_hub.data import describe_images, load_splits
 
     train_split = load_splits(str(data), val_split=VAL_SPLIT).train
     stats = describe_images(train_split)
-    return {"epochs": vtrain.default_epochs(len(train_split)),
-            "batch_size": vtrain.default_batch_size(len(train_split)),
+    return {"epochs": schedule.default_epochs(len(train_split)),
+            "batch_size": schedule.default_batch_size(len(train_split)),
             "image_size": suggest_for_data(stats.num_train, stats.channels, stats.median_side)["image_size"]}
 
 

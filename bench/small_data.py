@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vit_hub.train import default_epochs  # noqa: E402
+from vit_hub.schedule import default_epochs  # noqa: E402
 
 NAIVE = ["--patch-size", "16", "--image-size", "64", "--embed-dim", "192", "--depth", "12", "--num-heads", "3",
          "--mlp-ratio", "4", "--patch-embedding", "conv", "--no-locality-attention", "--dropout", "0",

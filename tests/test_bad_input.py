@@ -42,7 +42,9 @@ from vit_hub.pretrained import load_model  # noqa: E402
 from vit_hub.pretrained import VisionTransformer  # noqa: E402
 from vit_hub.predict import predict_images  # noqa: E402
 from vit_hub.preprocess import open_image  # noqa: E402
-from vit_hub.train import CHECKPOINT, Trainer, TrainingError  # noqa: E402
+from vit_hub.layout import ModelDir  # noqa: E402
+from vit_hub.settings import TrainingError  # noqa: E402
+from vit_hub.train import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
@@ -355,7 +357,7 @@ def test_a_truncated_jpeg_fails_one_line_with_strict(train_folder, tmp_path):
 def test_a_damaged_checkpoint_fails_resume_in_one_line(train_folder, tmp_path):
     out = tmp_path / "out"
     assert train_cli(train_folder, out)[0] == 0
-    checkpoint = out / CHECKPOINT
+    checkpoint = ModelDir(out).checkpoint
     checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
     before = listing(out)
     code, stderr = run_vit_hub("train", "--resume", "--out", out)
@@ -390,7 +392,8 @@ def test_a_loss_that_turns_nan_stops_the_run_and_keeps_the_last_good_epoch(train
 
 
 def test_the_trainer_refuses_inf_lr_through_the_python_api_too(train_folder, tmp_path):
-    from vit_hub.train import TrainSettings, train
+    from vit_hub.settings import TrainSettings
+    from vit_hub.train import train
 
     with pytest.raises(TrainingError) as error:
         train(TrainSettings(data=str(train_folder), out=str(tmp_path / "out"), lr=float("inf")))

@@ -349,7 +349,7 @@ def test_train_flags_are_generated_from_the_dataclasses():
     import dataclasses
 
     from vit_hub.config import ViTConfig
-    from vit_hub.train import MODEL_FIELDS, TrainSettings
+    from vit_hub.settings import MODEL_FIELDS, TrainSettings
 
     parser = cli.build_parser()
     train_parser = parser._subparsers._group_actions[0].choices["train"]

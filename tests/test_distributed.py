@@ -13,13 +13,28 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from vit_hub import batches
 from vit_hub import data as vdata
+from vit_hub.checkpoint import read_checkpoint_state
+from vit_hub.evaluation import evaluate
+from vit_hub.layout import ModelDir
 from vit_hub.pretrained import load_model
-from vit_hub.train import CHECKPOINT, evaluate, read_checkpoint_state
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 MODEL_FLAGS = ["--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--image-size", "16",
                "--patch-size", "4", "--batch-size", "8", "--workers", "0", "--seed", "3"]
+# What makes one process's arithmetic differ from two's by more than the order of float sums:
+# dropout masks drawn per process, and the conv stem's BatchNorm statistics taken per process.
+# Without them, two processes compute what one does (the same global batches, augmentation,
+# initial weights and averaged gradient).
+SAME_IN_ONE_PROCESS = ["--dropout", "0", "--drop-path", "0", "--patch-embedding", "shifted"]
+# Weights of 2 processes vs 1 after 2 epochs (10 AdamW steps): the all-reduced gradient sums the
+# same numbers in another order, a float32 rounding of about 1e-7 of a weight's size (under 1
+# here; differences of 1e-8 were seen). Adam moves every weight with a gradient by about the learning rate
+# each step, 1e-5 at the least in this run (2.5e-4 peak, cosine to 1 %), so a gradient that
+# differs at all (a process training on its own half, a batch split unevenly) shows up 10x or
+# more above the tolerance.
+WEIGHT_TOLERANCE = 1e-6
 
 pytestmark = pytest.mark.slow
 
@@ -51,15 +66,28 @@ def torchrun(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def ddp_run(shapes_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp") / "model"
-    result = torchrun("train", "--data", str(shapes_folder), "--out", str(out), "--epochs", "2", *MODEL_FLAGS)
+    result = torchrun("train", "--data", str(shapes_folder), "--out", str(out), "--epochs", "2", *MODEL_FLAGS,
+                      *SAME_IN_ONE_PROCESS)
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result
+
+
+@pytest.fixture(scope="module")
+def single_process_run(shapes_folder, tmp_path_factory):
+    """The run of `ddp_run` in one process, without torchrun."""
+    out = tmp_path_factory.mktemp("single") / "model"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run([sys.executable, "-m", "vit_hub", "train", "--data", str(shapes_folder), "--out", str(out),
+                             "--epochs", "2", *MODEL_FLAGS, *SAME_IN_ONE_PROCESS],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
 
 
 def test_ddp_training_finishes_and_only_rank0_writes(ddp_run):
     out, result = ddp_run
     files = sorted(path.name for path in out.iterdir())
-    assert files == sorted(["README.md", CHECKPOINT, "config.json", "confusion_matrix.png", "curves.png",
+    assert files == sorted(["README.md", ModelDir.checkpoint, "config.json", "confusion_matrix.png", "curves.png",
                             "metrics.json", "model.safetensors", "inspect.json", "patch_filters.png",
                             "position_similarity.png", "attention_distance.png"])
     # One summary line: printed by rank 0 alone.
@@ -75,7 +103,7 @@ def test_ddp_metrics_equal_single_process_evaluation(ddp_run, shapes_folder):
     metrics = json.loads((out / "metrics.json").read_text())
     model = load_model(out)
     splits = vdata.load_splits(str(shapes_folder), val_split=0.1, seed=3)
-    loader = vdata.make_loader(vdata.Transformed(splits.val, vdata.EvalTransform(model.config)), 7,
+    loader = batches.make_loader(batches.Transformed(splits.val, batches.EvalTransform(model.config)), 7,
                                shuffle=False, seed=0, num_workers=0, pin_memory=False)
     single = evaluate(model, loader, torch.device("cpu"), model.config.num_classes)
     assert metrics["final"]["n"] == single["n"] == len(splits.val)
@@ -83,13 +111,24 @@ def test_ddp_metrics_equal_single_process_evaluation(ddp_run, shapes_folder):
     assert metrics["final"]["loss"] == pytest.approx(single["loss"], rel=1e-5)
 
 
-def test_ddp_model_loads_in_one_process_with_identical_logits(ddp_run):
+def test_two_processes_train_the_model_one_process_trains(ddp_run, single_process_run):
+    """The same seed, data and global batches in 2 processes and in 1 give the same weights and
+    logits (to the rounding of float sums in another order), and the DDP model's weights
+    load in one process under their own names (no `module.` prefix)."""
+    from safetensors.torch import load_file
+
     out, _ = ddp_run
-    model = load_model(out)
-    again = load_model(out)
-    pixels = torch.randn(3, model.config.in_channels, *model.config.image_size)
-    assert torch.equal(model(pixels).logits, again(pixels).logits)
-    assert not any(key.startswith("module.") for key in model.state_dict())
+    two, one = load_file(str(ModelDir(out).weights)), load_file(str(ModelDir(single_process_run).weights))
+    assert two.keys() == one.keys() and not any(key.startswith("module.") for key in two)
+    for name in two:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=WEIGHT_TOLERANCE, msg=name)
+    ddp_model, single_model = load_model(out), load_model(single_process_run)
+    torch.manual_seed(0)
+    pixels = torch.randn(3, ddp_model.config.in_channels, *ddp_model.config.image_size)
+    torch.testing.assert_close(ddp_model(pixels).logits, single_model(pixels).logits, rtol=0, atol=1e-5)
+    history = [json.loads(ModelDir(path).metrics.read_text())["history"] for path in (out, single_process_run)]
+    for ddp_epoch, single_epoch in zip(*history):
+        assert ddp_epoch["train_loss"] == pytest.approx(single_epoch["train_loss"], rel=1e-5)
 
 
 def test_ddp_resume_continues_to_the_same_result(shapes_folder, tmp_path):
@@ -105,7 +144,7 @@ def test_ddp_resume_continues_to_the_same_result(shapes_folder, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     from safetensors.torch import load_file
 
-    expected, actual = load_file(str(straight / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    expected, actual = load_file(str(ModelDir(straight).weights)), load_file(str(ModelDir(resumed).weights))
     assert expected.keys() == actual.keys()
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
@@ -115,7 +154,8 @@ SHARE_SCRIPT = """
 import os, sys
 import torch.distributed as dist
 from vit_hub import data as vdata
-from vit_hub.train import Trainer, TrainSettings
+from vit_hub.settings import TrainSettings
+from vit_hub.train import build_trainer
 
 listed = vdata.index_image_folder
 def index_image_folder(root):
@@ -123,7 +163,7 @@ def index_image_folder(root):
     return listed(root)
 vdata.index_image_folder = index_image_folder
 model = dict(embed_dim=16, depth=1, num_heads=2, image_size=16, patch_size=4)
-trainer = Trainer(TrainSettings(data=sys.argv[1], out=sys.argv[2], device="cpu", num_workers=0, batch_size=8,
+trainer = build_trainer(TrainSettings(data=sys.argv[1], out=sys.argv[2], device="cpu", num_workers=0, batch_size=8,
                                 epochs=1, model=model, seed=3))
 print(f"rank {os.environ['RANK']}: {len(trainer.splits.train)} training images, mean {trainer.config.mean}", flush=True)
 dist.destroy_process_group()

@@ -21,7 +21,7 @@ from vit_hub import cli
 from vit_hub.config import PRESETS, ViTConfig
 from vit_hub.data import TORCHVISION_DATASETS
 from vit_hub.sweep import TRAINING_FIELDS
-from vit_hub.train import MODEL_FIELDS, TrainSettings
+from vit_hub.settings import MODEL_FIELDS, TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,15 +18,21 @@ from safetensors.torch import load_file
 
 from vit_hub import cli
 from vit_hub import data as vdata
-from vit_hub.config import PRESETS, ViTConfig
+from vit_hub import batches
+from vit_hub.checkpoint import load_checkpoint, read_checkpoint_state, save_checkpoint
+from vit_hub.config import DIGIT_LABELS, PRESETS, ConfigError, ViTConfig
+from vit_hub.evaluation import evaluate, shift_warning
+from vit_hub.flops import TOTAL, count_flops, flop_rates, module_flops, peak_flops, training_flops
+from vit_hub.layout import ModelDir
 from vit_hub.model import ViTOutput
 from vit_hub.pretrained import VisionTransformer
-from vit_hub.train import (
-    CHECKPOINT, Trainer, TrainingError, TrainSettings, build_config, default_batch_size, default_epochs, evaluate,
-    choose_compile, flop_rates, learning_rate, load_checkpoint, parameter_groups, peak_flops, peak_learning_rate,
-    read_checkpoint_state, save_checkpoint, shift_warning, train, training_flops,
-)
 from vit_hub.preprocess import preprocess
+from vit_hub.schedule import Schedule, default_batch_size, default_epochs, learning_rate, peak_learning_rate
+from vit_hub.settings import TrainingError, TrainSettings
+from vit_hub.step import choose_compile, parameter_groups
+from vit_hub.train import Trainer, build_config, build_trainer, train
+
+CHECKPOINT = ModelDir.checkpoint
 
 TIMING = ("images_per_second", "epoch_seconds", "model_tflop_s", "mfu")
 
@@ -125,7 +131,7 @@ def test_small_data_gets_a_smaller_batch_for_about_ten_steps_an_epoch(num_train,
 
 
 @pytest.mark.parametrize("val, test, n, warned", [
-    (0.95, 0.22, 100, True),  # the stain-shifted cells of issue 11
+    (0.95, 0.22, 100, True),  # like the stain-shifted cells (BENCHMARKS.md)
     (0.95, 0.93, 100, False),  # within noise
     (0.90, 0.80, 20, False),  # 10 points, but 20 test images cannot tell
     (0.99, 0.90, 1000, True),
@@ -161,7 +167,7 @@ def test_config_stores_labels_and_the_training_split_mean_and_std(learned_run, i
 def test_saved_model_reproduces_the_final_accuracy(learned_run, image_folder):
     model = VisionTransformer.from_pretrained(str(learned_run["out"]))
     splits = vdata.load_splits(str(image_folder), val_split=0.25, seed=0)
-    loader = vdata.make_loader(vdata.Transformed(splits.val, vdata.EvalTransform(model.config)), 64,
+    loader = batches.make_loader(batches.Transformed(splits.val, batches.EvalTransform(model.config)), 64,
                                shuffle=False, seed=0, num_workers=0, pin_memory=False)
     result = evaluate(model, loader, torch.device("cpu"), 2)
     final = learned_run["metrics"]["final"]
@@ -261,16 +267,14 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(split_image_folder
 def test_ctrl_c_leaves_a_checkpoint_that_resumes_to_the_same_result(split_image_folder, straight_run, tmp_path,
                                                                      monkeypatch, capsys):
     out = tmp_path / "model"
-    steps = {"count": 0}
-    original_step = Trainer._step
+    original_lr_at = Schedule.lr_at
 
-    def step_then_interrupt(self, images, labels):
-        steps["count"] += 1
-        if steps["count"] == self.steps_per_epoch + 2:  # in the middle of the second epoch
+    def interrupt_mid_epoch(self, step):
+        if step == self.steps_per_epoch + 1:  # the second step of the second epoch, before it runs
             raise KeyboardInterrupt
-        return original_step(self, images, labels)
+        return original_lr_at(self, step)
 
-    monkeypatch.setattr(Trainer, "_step", step_then_interrupt)
+    monkeypatch.setattr(Schedule, "lr_at", interrupt_mid_epoch)
     same_as_straight_run = {**RANDOM_RUN["model"], **TINY_RUN, "epochs": 2, "val_split": 0.25,
                             "augment": RANDOM_RUN["augment"]}
     flags = ["train", "--data", str(split_image_folder), "--out", str(out), *train_flags(same_as_straight_run)]
@@ -280,7 +284,7 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes_to_the_same_result(split_image_
     assert state["epoch"] == 1 and len(state["history"]) == 1
     VisionTransformer.from_pretrained(str(out))  # the best model so far is loadable too
 
-    monkeypatch.setattr(Trainer, "_step", original_step)
+    monkeypatch.setattr(Schedule, "lr_at", original_lr_at)
     assert cli.main(["train", "--resume", "--out", str(out)]) == 0
     assert_same_run(out, straight_run)
 
@@ -304,7 +308,7 @@ def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
     (dict(device="tpu"), "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
     (dict(num_workers=-1), "--workers: expected a count from 0 to 64, got -1"),
     (dict(batch_size=0), "--batch-size: expected a positive multiple of the 1 processes, got 0"),
-    (dict(preset="huge"), "--preset: expected one of mnist, small-data, tiny, small, base, got 'huge'"),
+    (dict(preset="huge"), "unknown preset 'huge'; expected one of mnist, small-data, tiny, small, base$"),
     (dict(device="cuda:0"), "--device cuda: expected a CUDA GPU, found none"),
     (dict(augment="mixup"), "--augment: expected one of auto, digits, photos, none"),
     (dict(model={**TINY_MODEL, "num_heads": 3}), "embed_dim 16 is not divisible by num_heads 3"),
@@ -350,7 +354,8 @@ def test_a_patch_size_the_conv_stem_cannot_reach_falls_back_to_shifted_patches(s
     chosen = build_config(tiny_settings(split_image_folder, tmp_path, model=dict(image_size=36, patch_size=6)), splits)
     assert chosen.patch_embedding == "shifted"
     asked = tiny_settings(split_image_folder, tmp_path, model=dict(image_size=36, patch_size=6, patch_embedding="convstem"))
-    with pytest.raises(TrainingError, match="--patch-embedding convstem: expected patch sides that are powers of two"):
+    with pytest.raises(ConfigError, match=r"patch_embedding convstem: expected patch sides that are powers of two "
+                                          r".*, got patch_size \[6, 6\]"):
         build_config(asked, splits)
 
 
@@ -358,7 +363,7 @@ def test_mnist_preset_keeps_its_published_normalisation():
     splits = vdata.load_splits("mnist")
     config = build_config(TrainSettings(data="mnist", out="unused", preset="mnist"), splits)
     assert (config.mean, config.std) == ([0.1307], [0.3081])
-    assert config.labels == [str(digit) for digit in range(10)]
+    assert config.labels == list(DIGIT_LABELS)
 
 
 # Schedule, optimizer groups, checkpoints, evaluation ---------------------------------------------------
@@ -457,8 +462,8 @@ def test_the_same_seed_gives_the_same_model_with_or_without_loader_workers(image
 
 
 def test_evaluation_inputs_equal_preprocess_exactly(split_image_folder, tmp_path):
-    trainer = Trainer(tiny_settings(split_image_folder, tmp_path / "out", num_workers=2))
-    images = torch.cat([batch for batch, _ in trainer._eval_loader("test")])
+    trainer = build_trainer(tiny_settings(split_image_folder, tmp_path / "out", num_workers=2))
+    images = torch.cat([batch for batch, _ in trainer.loaders.eval_loader("test")])
     expected = [torch.from_numpy(preprocess(path, trainer.config)) for path, _ in trainer.splits.test.samples]
     assert images.dtype == torch.float32 and torch.equal(images, torch.stack(expected))
 
@@ -495,6 +500,21 @@ def test_flops_are_counted_on_the_meta_device_as_on_real_tensors():
     state = torch.random.get_rng_state()
     assert training_flops(model) == counter.get_total_flops() > 0
     assert torch.equal(torch.random.get_rng_state(), state)  # no random numbers drawn
+
+
+def test_inference_flops_are_counted_on_the_meta_device_as_on_real_tensors():
+    """`vit-hub info`'s per-layer counts: the forward pass in eval mode, module by module."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = VisionTransformer(**tiny_config(dropout=0.1, pooling="mean")).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad(), torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        model(torch.randn(1, 3, 16, 16))
+    counts = count_flops(model)
+    assert counts == counter.get_flop_counts() and module_flops(counts, TOTAL) > 0
+    assert module_flops(counts, "VisionTransformer.blocks.0.attention") > 0
+    assert training_flops(model) > module_flops(counts, TOTAL)  # the backward pass is counted too
+    assert not model.training  # the count leaves the model as it was
 
 
 @pytest.mark.parametrize("name, dtype, tflops", [

@@ -23,8 +23,13 @@ from safetensors.torch import load_file
 from test_bad_input import listing, run_vit_hub
 
 from vit_hub import data as vdata
+from vit_hub.checkpoint import read_checkpoint_state
 from vit_hub.data import DataError
-from vit_hub.train import CHECKPOINT, TrainingError, TrainSettings, read_checkpoint_state, train
+from vit_hub.layout import ModelDir
+from vit_hub.settings import TrainingError, TrainSettings
+from vit_hub.train import train
+
+CHECKPOINT = ModelDir.checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 PER_CLASS = 6
@@ -289,7 +294,7 @@ PAUSE_AT_A_POINT = textwrap.dedent('''
     def half_a_file_then_pause(write):
         def paused(tensors, filename, metadata=None):
             name = Path(filename).name
-            if (POINT == "checkpoint" and name.startswith(train.CHECKPOINT)) or \\
+            if (POINT == "checkpoint" and name.startswith(ModelDir.checkpoint)) or \\
                     (POINT == "weights" and name == "model.safetensors"):
                 data = safetensors.torch.save(tensors, metadata=metadata)
                 with open(filename, "wb") as handle:
@@ -307,25 +312,26 @@ PAUSE_AT_A_POINT = textwrap.dedent('''
         return paused
 
 
-    # the checkpoint (vit_hub.train) and the weights (huggingface_hub, through save_model) are
-    # written by safetensors' save_file: patched before vit_hub.train imports it
+    # the checkpoint (vit_hub.checkpoint) and the weights (huggingface_hub, through save_model)
+    # are written by safetensors' save_file: patched before vit_hub imports it
     safetensors.torch.save_file = half_a_file_then_pause(safetensors.torch.save_file)
-    from vit_hub import train  # noqa: E402
+    from vit_hub import run_report, schedule, train  # noqa: E402
+    from vit_hub.layout import ModelDir  # noqa: E402
 
     steps = []
 
 
-    def in_the_second_epoch(trainer, *args):
+    def in_the_second_epoch(plan, *args):
         steps.append(1)
-        return len(steps) == trainer.steps_per_epoch + 2
+        return len(steps) == plan.steps_per_epoch + 2
 
 
-    if POINT == "step":  # the second step of the second epoch this process trains
-        train.Trainer._step = pause_before(train.Trainer._step, in_the_second_epoch)
+    if POINT == "step":  # the second step of the second epoch this process trains (its rate is read first)
+        schedule.Schedule.lr_at = pause_before(schedule.Schedule.lr_at, in_the_second_epoch)
     elif POINT == "metrics":  # after an epoch's checkpoint, before its metrics.json
         train.Trainer._write_metrics = pause_before(train.Trainer._write_metrics)
     elif POINT == "finish":  # every epoch trained and saved, the plots and card not yet drawn
-        train.plot_curves = pause_before(train.plot_curves)
+        run_report.plot_curves = pause_before(run_report.plot_curves)
 ''')
 VIT_HUB = Path(sys.executable).with_name("vit-hub")
 

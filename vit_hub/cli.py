@@ -116,7 +116,7 @@ def preset_help() -> str:
 
 
 def _add_training_flags(parser: argparse.ArgumentParser, data_required: bool = True) -> None:
-    from .train import MODEL_FIELDS, TrainSettings
+    from .settings import MODEL_FIELDS, TrainSettings
 
     needed = "" if data_required else " (default: none; needed unless --resume, which reads the run's own)"
     parser.add_argument("--data", required=data_required, help=data_help("images to train on") + needed)
@@ -252,7 +252,7 @@ def _add_space(commands) -> None:
 def _param_help() -> str:
     """What --param accepts, from the names `vit-hub sweep` varies."""
     from .sweep import TRAINING_FIELDS
-    from .train import MODEL_FIELDS
+    from .settings import MODEL_FIELDS
 
     return (f"a setting to vary, one run per value (repeat for more settings), e.g. num_heads=2,4,8; NAME is a "
             f"model field ({', '.join(MODEL_FIELDS)}) or a training setting ({', '.join(TRAINING_FIELDS)})")
@@ -261,7 +261,7 @@ def _param_help() -> str:
 def _given_settings(args: argparse.Namespace) -> dict:
     """The TrainSettings fields whose flags were given (every flag defaults to None), the
     ViTConfig ones under `model`."""
-    from .train import MODEL_FIELDS, TrainSettings
+    from .settings import MODEL_FIELDS, TrainSettings
 
     def given(names) -> dict:
         return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
@@ -272,13 +272,14 @@ def _given_settings(args: argparse.Namespace) -> dict:
 
 def _settings(args: argparse.Namespace):
     """TrainSettings from the flags that were given; the dataclass supplies the rest."""
-    from .train import TrainSettings, command_line
+    from .settings import TrainSettings, command_line
 
     return TrainSettings(**_given_settings(args), command=command_line(getattr(args, "argv", None)))
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from .train import TrainSettings, train
+    from .settings import TrainSettings
+    from .train import train
 
     if args.resume:  # the checkpoint's own settings are replayed; flags given again must match them
         flags = {name: value for name, value in _given_settings(args).items() if name != "out"}
@@ -294,7 +295,7 @@ def run_eval(args: argparse.Namespace) -> None:
     from .batches import EvalTransform, Transformed, default_workers, make_loader
     from .data import load_splits
     from .pretrained import load_model
-    from .train import evaluate
+    from .evaluation import evaluate
 
     model = load_model(args.model)
     splits = load_splits(args.data, args.data_root, args.val_split, args.seed)
@@ -343,7 +344,7 @@ def run_sweep(args: argparse.Namespace) -> None:
 
 def run_import(args: argparse.Namespace) -> None:
     from .importing import describe, import_model, write_model_dir
-    from .train import command_line
+    from .settings import command_line
 
     imported = import_model(args.source, args.revision, args.token)
     out = write_model_dir(imported, args.out, command_line(getattr(args, "argv", None)))

@@ -1,7 +1,9 @@
 """ViTConfig: everything needed to rebuild a model and feed it the right pixels.
 
-This module imports neither torch nor files from the rest of the package, so the
-torch-free ONNX runtime and the app can read the same config the trainer wrote.
+This module imports neither torch nor any other part of the package (but its error base), so
+the torch-free ONNX runtime and the app can read the same config the trainer wrote. A value
+no model can be built from raises `ConfigError`, a `UserError`: the command lines print it as
+one line.
 Every field is JSON-native (ints, floats, strings, lists): `config.json` is just
 `ViTConfig.to_dict()`, and loading it back gives an equal config.
 """
@@ -15,6 +17,8 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
+
 POS_EMBEDDINGS = ("learned", "sincos")
 POOLINGS = ("cls", "mean")
 # "shifted" = shifted patch tokenization (Lee et al. 2021); "convstem" = early convolutions
@@ -27,6 +31,11 @@ CHANNELS = (1, 3)  # grayscale or RGB
 DIGIT_LABELS = tuple(str(digit) for digit in range(10))  # MNIST's classes, in label order (a config holds list(DIGIT_LABELS))
 
 
+class ConfigError(UserError):
+    """A config value (from config.json, a flag or a Python caller) no model can be built from;
+    the message names the field, what it takes and what it holds."""
+
+
 def size_text(size: tuple[int, ...] | list[int]) -> str:
     """How a size is written to a reader: (28, 28) -> "28x28", (28, 28, 1) -> "28x28x1"."""
     return "x".join(str(side) for side in size)
@@ -35,8 +44,8 @@ def size_text(size: tuple[int, ...] | list[int]) -> str:
 PRESETS: dict[str, dict[str, Any]] = {
     # 28x28 grayscale digits: 7x7 = 49 patches of 4x4 pixels, 0.3 M parameters. A plain ViT
     # sits on a plateau for its first epochs here; shifted patches and fixed sin-cos positions
-    # (which let the learning rate double, PRESET_LEARNING_RATES) get it off quickly.
-    # Measured in BENCHMARKS.md, "MNIST accuracy".
+    # (which tolerate a doubled learning rate, vit_hub.schedule.PRESET_LEARNING_RATES) get it
+    # off quickly. Measured in BENCHMARKS.md, "MNIST accuracy".
     "mnist": dict(
         image_size=28, patch_size=4, in_channels=1, embed_dim=64, depth=6, num_heads=4,
         mlp_ratio=4.0, patch_embedding="shifted", pos_embedding="sincos", mean=[0.1307], std=[0.3081],
@@ -58,10 +67,18 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# Peak AdamW learning rate per 128 images of batch, where a preset was tuned with one other
-# than the default 1e-3 (the sweep in BENCHMARKS.md, "MNIST accuracy").
-PRESET_LEARNING_RATES: dict[str, float] = {"mnist": 2e-3}
-DEFAULT_LEARNING_RATE = 1e-3
+def preset_fields(name: str) -> dict[str, Any]:
+    """A copy of the named preset's fields; a ConfigError listing the known presets otherwise."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+    return dict(PRESETS[name])
+
+
+def convstem_fits(patch_size: Any) -> bool:
+    """Whether the convolutional stem can make patches of this size (an int or [height, width]):
+    each of its convolutions halves the image, so every side must be a power of two."""
+    sides = patch_size if isinstance(patch_size, (list, tuple)) else [patch_size]
+    return all(_is_int(side) and side > 0 and side & (side - 1) == 0 for side in sides)
 
 
 # Upper bounds of every size a config.json may ask for, far beyond any published ViT (ViT-22B:
@@ -82,7 +99,7 @@ def _pair(value: Any, name: str) -> list[int]:
     if isinstance(value, int):
         value = [value, value]
     if len(value) != 2:
-        raise ValueError(f"{name}: expected an int or [height, width], got {_shown(value)}")
+        raise ConfigError(f"{name}: expected an int or [height, width], got {_shown(value)}")
     return [int(v) for v in value]
 
 
@@ -93,9 +110,9 @@ def _floats(value: Any, name: str, length: int) -> list[float]:
     if len(values) == 1 and length > 1:
         values = values * length
     if len(values) != length:
-        raise ValueError(f"{name}: expected {length} values (one per channel), got {len(values)}")
+        raise ConfigError(f"{name}: expected {length} values (one per channel), got {len(values)}")
     if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"{name}: expected finite numbers, got {values}")
+        raise ConfigError(f"{name}: expected finite numbers, got {values}")
     return values
 
 
@@ -150,7 +167,7 @@ def within(default: Any, low: int, high: int, what: str = "an int") -> Any:
 
 
 def check_fields(instance: Any) -> None:
-    """A ValueError naming the field, what it takes and what it holds, for the first field of a
+    """A ConfigError naming the field, what it takes and what it holds, for the first field of a
     dataclass whose value does not fit its annotation, its `one_of` choices or its `within` range."""
     for field in dataclasses.fields(instance):
         value = getattr(instance, field.name)
@@ -158,31 +175,31 @@ def check_fields(instance: Any) -> None:
         if not any(accepts(value) for accepts, _ in kinds):
             names = [name for _, name in kinds]
             expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-            raise ValueError(f"{field.name}: expected {expected}, found {_shown(value)}")
+            raise ConfigError(f"{field.name}: expected {expected}, found {_shown(value)}")
         choices = field.metadata.get("choices")
         if choices is not None and value is not None and value not in choices:
-            raise ValueError(f"{field.name}: expected one of {', '.join(map(str, choices))}, got {_shown(value)}")
+            raise ConfigError(f"{field.name}: expected one of {', '.join(map(str, choices))}, got {_shown(value)}")
         low, high = field.metadata.get("range", (None, None))
         values = value if isinstance(value, (list, tuple)) else [value]
         if low is not None and value is not None and not all(low <= item <= high for item in values):
-            raise ValueError(f"{field.name}: expected {field.metadata['what']} from {low:,} to {high:,}, "
+            raise ConfigError(f"{field.name}: expected {field.metadata['what']} from {low:,} to {high:,}, "
                              f"found {_shown(value)}")
 
 
 def read_json(path: str | Path, limit: int = MAX_JSON_BYTES) -> Any:
-    """The value a JSON file holds; a one-line ValueError for a file over `limit` bytes, one
+    """The value a JSON file holds; a one-line ConfigError for a file over `limit` bytes, one
     that is not JSON, or one nested too deep for Python's parser."""
     path = Path(path)
     with open(path, "rb") as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
-        raise ValueError(f"{path}: expected a JSON file of at most {limit // 2**20} MiB, found a larger one")
+        raise ConfigError(f"{path}: expected a JSON file of at most {limit // 2**20} MiB, found a larger one")
     try:
         return json.loads(data)
     except RecursionError:
-        raise ValueError(f"{path}: expected JSON nested a few levels deep, found nesting too deep to parse") from None
+        raise ConfigError(f"{path}: expected JSON nested a few levels deep, found nesting too deep to parse") from None
     except ValueError as error:  # not JSON, not UTF-8, or an int of more digits than Python converts
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
+        raise ConfigError(f"{path} is not valid JSON: {error}") from None
 
 
 @dataclasses.dataclass
@@ -259,44 +276,44 @@ class ViTConfig:
         self.patch_size = _pair(self.patch_size, "patch_size")
         for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
             if size % patch:
-                raise ValueError(
+                raise ConfigError(
                     f"image {axis} {size} is not divisible by patch {axis} {patch}"
                 )
         if self.num_patches > MAX_PATCHES:
-            raise ValueError(f"image_size {self.image_size} / patch_size {self.patch_size}: expected at most "
-                             f"{MAX_PATCHES:,} patches, found {self.grid_size[0]}x{self.grid_size[1]}")
+            raise ConfigError(f"image_size {self.image_size} / patch_size {self.patch_size}: expected at most "
+                             f"{MAX_PATCHES:,} patches, found {size_text(self.grid_size)}")
         if self.embed_dim % self.num_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
             )
-        if self.patch_embedding == "convstem" and any(side & (side - 1) for side in self.patch_size):
-            raise ValueError(f"patch_embedding convstem: expected patch sides that are powers of two "
+        if self.patch_embedding == "convstem" and not convstem_fits(self.patch_size):
+            raise ConfigError(f"patch_embedding convstem: expected patch sides that are powers of two "
                              f"(each convolution halves the image), got patch_size {self.patch_size}")
         self._resolve_labels()
         self.mean = _floats(0.5 if self.mean is None else self.mean, "mean", self.in_channels)
         self.std = _floats(0.5 if self.std is None else self.std, "std", self.in_channels)
         if min(self.std) <= 0:
-            raise ValueError(f"std: expected positive values, got {self.std}")
+            raise ConfigError(f"std: expected positive values, got {self.std}")
         self.mlp_ratio = float(self.mlp_ratio)
         hidden = self.embed_dim * self.mlp_ratio
         if not (math.isfinite(hidden) and 1 <= int(hidden) <= MAX_HIDDEN):
-            raise ValueError(f"mlp_ratio: expected a positive ratio (hidden width embed_dim x mlp_ratio from 1 to "
+            raise ConfigError(f"mlp_ratio: expected a positive ratio (hidden width embed_dim x mlp_ratio from 1 to "
                              f"{MAX_HIDDEN:,}), got {self.mlp_ratio}")
         for name in ("dropout", "attention_dropout", "drop_path"):
             value = float(getattr(self, name))
             if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name}: expected a rate in [0, 1), got {value}")
+                raise ConfigError(f"{name}: expected a rate in [0, 1), got {value}")
             setattr(self, name, value)
         if not 0.0 < self.layer_norm_eps < 1.0:
-            raise ValueError(f"layer_norm_eps: expected a small positive number, got {self.layer_norm_eps}")
+            raise ConfigError(f"layer_norm_eps: expected a small positive number, got {self.layer_norm_eps}")
 
     def _resolve_labels(self) -> None:
         if self.labels is not None:
             self.labels = list(self.labels)
             if len(self.labels) > MAX_CLASSES:
-                raise ValueError(f"labels: expected at most {MAX_CLASSES:,}, found {len(self.labels):,}")
+                raise ConfigError(f"labels: expected at most {MAX_CLASSES:,}, found {len(self.labels):,}")
             if self.num_classes is not None and self.num_classes != len(self.labels):
-                raise ValueError(
+                raise ConfigError(
                     f"num_classes {self.num_classes} does not match the {len(self.labels)} labels given"
                 )
             self.num_classes = len(self.labels)
@@ -324,7 +341,7 @@ class ViTConfig:
         """A features-only model (num_classes 0, e.g. an imported ViTModel) ranks no labels:
         `what` (predict, the app, ...) fails with one line saying what to do instead."""
         if self.num_classes == 0:
-            raise ValueError(f"{what}: expected a classifier, found a model without a head (features only, "
+            raise ConfigError(f"{what}: expected a classifier, found a model without a head (features only, "
                              f"num_classes 0); fine-tune one from it: vit-hub train --init MODEL --data FOLDER")
 
     # Serialisation ----------------------------------------------------------------
@@ -336,7 +353,7 @@ class ViTConfig:
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown config keys {unknown}; expected a subset of {sorted(known)}")
+            raise ConfigError(f"unknown config keys {unknown}; expected a subset of {sorted(known)}")
         return cls(**values)
 
     @classmethod
@@ -346,15 +363,13 @@ class ViTConfig:
             raise FileNotFoundError(f"expected a vit_hub config.json at {path}, found nothing")
         values = read_json(path)
         if not isinstance(values, dict) or "embed_dim" not in values or "patch_size" not in values:
-            raise ValueError(f"{path} is not a vit_hub config (expected keys like embed_dim and patch_size)")
+            raise ConfigError(f"{path} is not a vit_hub config (expected keys like embed_dim and patch_size)")
         return cls.from_dict(values)
 
     @classmethod
     def from_preset(cls, preset: str | None = None, **overrides: Any) -> "ViTConfig":
         """A preset's fields, then every override that is not None."""
-        if preset is not None and preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
-        values = dict(PRESETS[preset]) if preset else {}
+        values = preset_fields(preset) if preset else {}
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls.from_dict(values)
 
@@ -368,7 +383,7 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
     attention and stochastic depth (the small-data preset). Photos (over 40 px) are
     standardised per image: with the dataset's statistics a pale set (microscopy) has tiny
     channel stds, colour jitter moves its inputs by several of them, and the model never
-    leaves chance (BENCHMARKS.md, issue 11).
+    leaves chance (BENCHMARKS.md, "Stain-shifted cells").
     """
     if median_side <= 40:
         image_size = 32 if median_side > 28 else 28
@@ -378,11 +393,11 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
         image_size = 224 if median_side >= 160 else 96
     patch_size = {28: 4, 32: 4, 64: 8, 96: 12, 224: 16}[image_size]
     if num_train < 10_000:
-        values = dict(PRESETS["small-data"])
+        values = preset_fields("small-data")
     elif num_train < 100_000:
         values = dict(embed_dim=192, depth=9, num_heads=3, mlp_ratio=2.0, drop_path=0.1)
     else:
-        values = dict(PRESETS["tiny"], drop_path=0.1)
+        values = dict(preset_fields("tiny"), drop_path=0.1)
     values.update(image_size=image_size, patch_size=patch_size, in_channels=channels)
     if median_side > 40:  # photos: exposure, contrast and colour cast differ between acquisitions
         values.update(pixel_norm="image")

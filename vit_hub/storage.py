@@ -2,7 +2,8 @@
 
 Reading: `reading_safetensors(path)` wraps a safetensors read so that a file which is
 missing its data, cut short, unreadable or not safetensors at all (a pickle renamed to
-`model.safetensors`) fails with one line saying what was found. Nothing is ever unpickled.
+`model.safetensors`) fails with one line (a `UserError`) saying what was found. Nothing is
+ever unpickled.
 
 Writing: `replacing`, `write_text_atomically` and `replace_files` write beside the target,
 flush it to disk and move it in with `os.replace`, so a crash or a kill leaves either the old
@@ -19,23 +20,25 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
+from .errors import UserError
+
 HEADER_LENGTH_BYTES = 8  # a safetensors file starts with its JSON header's length (u64, little-endian)
 PICKLE_PROTOCOL_MARK = 0x80  # the first byte of a pickle of protocol 2 or later (torch.save's legacy format)
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive of pickles
 
 
 def check_safetensors(path: str | Path) -> None:
-    """A one-line ValueError unless `path` can be read and starts like a safetensors file."""
+    """A one-line UserError unless `path` can be read and starts like a safetensors file."""
     path = Path(path)
     try:
         with open(path, "rb") as handle:
             start = handle.read(HEADER_LENGTH_BYTES + 1)
             size = os.fstat(handle.fileno()).st_size
     except OSError as error:  # safetensors itself would call any of these "No such file or directory"
-        raise ValueError(f"expected a readable safetensors file at {path}, found one that cannot be "
+        raise UserError(f"expected a readable safetensors file at {path}, found one that cannot be "
                          f"opened ({error.strerror or type(error).__name__})") from None
     if not _looks_like_safetensors(start, size):
-        raise ValueError(f"expected a safetensors file at {path}, found {_what_it_is(start, size)}")
+        raise UserError(f"expected a safetensors file at {path}, found {_what_it_is(start, size)}")
 
 
 def _looks_like_safetensors(start: bytes, size: int) -> bool:
@@ -64,7 +67,7 @@ def reading_safetensors(path: str | Path) -> Iterator[None]:
     try:
         yield
     except SafetensorError as error:
-        raise ValueError(f"expected a complete safetensors file at {path}, found a damaged one "
+        raise UserError(f"expected a complete safetensors file at {path}, found a damaged one "
                          f"({error})") from None
 
 
@@ -74,7 +77,7 @@ def replacing(path: str | Path) -> Iterator[Path]:
     flushed to disk and moved onto `path`; a block that fails leaves `path` as it was and
     removes the temporary file.
 
-        with replacing(out / "checkpoint.safetensors") as partial:
+        with replacing(ModelDir(out).checkpoint) as partial:
             save_file(tensors, str(partial))
     """
     path = Path(path)

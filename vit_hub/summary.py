@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 
+from .config import size_text
+from .flops import count_flops, module_flops
 from .model import VisionTransformer
 
 
@@ -15,18 +15,13 @@ def _parameters(module: torch.nn.Module) -> int:
 
 def layer_rows(model: VisionTransformer) -> list[tuple[str, int, int]]:
     """(layer, parameters, FLOPs at batch 1) for the embedding, every block's attention
-    and MLP, and the head. FLOPs count a multiply-add as 2 and are those of inference, the
-    attention matmuls included (SDPA's math backend for the count: the counter does not
-    see inside the fused CPU kernel) and the last block's class-token-only work."""
+    and MLP, and the head. FLOPs are those of inference (`flops.count_flops`), the attention
+    matmuls and the last block's class-token-only work included."""
     config = model.config
-    pixels = torch.zeros(1, config.in_channels, *config.image_size)
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
-        model.eval()(pixels)
-    flops = counter.get_flop_counts()
+    flops = count_flops(model)
 
     def total(name: str) -> int:
-        return int(sum(flops.get(f"VisionTransformer.{name}", {}).values()))
+        return module_flops(flops, f"VisionTransformer.{name}")
 
     embedding_parameters = _parameters(model.patch_embedding) + model.cls_token.numel()
     for positions in (model.pos_embedding, model.cls_position):  # learned ones only
@@ -49,8 +44,8 @@ def summarize(model: VisionTransformer) -> str:
     rows = layer_rows(model)
     width = max(len(name) for name, _, _ in rows) + 2
     lines = [
-        f"VisionTransformer: {config.image_size[0]}x{config.image_size[1]}x{config.in_channels} input, "
-        f"patch {config.patch_size[0]}x{config.patch_size[1]}, {config.num_tokens} tokens, "
+        f"VisionTransformer: {size_text([*config.image_size, config.in_channels])} input, "
+        f"patch {size_text(config.patch_size)}, {config.num_tokens} tokens, "
         f"dim {config.embed_dim}, depth {config.depth}, heads {config.num_heads}, {config.num_classes} classes",
         f"{'layer':<{width}}{'parameters':>12}{'MFLOPs':>12}",
     ]

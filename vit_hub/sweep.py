@@ -10,8 +10,10 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from .train import (CHECKPOINT, MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free,
-                    check_out_outside_data, train)
+from .errors import UserError
+from .layout import ModelDir
+from .settings import MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free, check_out_outside_data
+from .train import train
 
 TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 
@@ -30,7 +32,7 @@ def parse_param(text: str) -> tuple[str, list[Any]]:
     name, _, values = text.partition("=")
     name = name.strip().replace("-", "_")
     if name not in MODEL_FIELDS + TRAINING_FIELDS or not values:
-        raise ValueError(
+        raise UserError(
             f"--param: expected NAME=V1,V2 with NAME one of {', '.join(MODEL_FIELDS + TRAINING_FIELDS)}, got {text!r}"
         )
     return name, [_number(value.strip()) for value in values.split(",") if value.strip()]
@@ -50,7 +52,7 @@ def sweep(settings: TrainSettings, params: list[tuple[str, list[Any]]], out: Pat
     (unless `overwrite`). With `resume` (an interrupted sweep) finished runs are read back,
     an interrupted run continues from its checkpoint and the others start."""
     if overwrite and resume:
-        raise ValueError("sweep: --resume continues the runs in --out and --overwrite replaces them; pass one")
+        raise UserError("sweep: --resume continues the runs in --out and --overwrite replaces them; pass one")
     check_out_is_a_folder(out)
     check_out_outside_data(out, settings.data)
     if not overwrite and not resume:
@@ -81,18 +83,18 @@ def _run(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     interrupted one continued from its checkpoint (with its own saved settings)."""
     run_dir = Path(settings.out)
     if resume and _finished(run_dir):
-        print(f"sweep: {run_dir} is finished; reading its metrics.json")
-        return json.loads((run_dir / "metrics.json").read_text())
-    if resume and (run_dir / CHECKPOINT).is_file():
+        print(f"sweep: {run_dir} is finished; reading its {ModelDir.metrics}")
+        return json.loads(ModelDir(run_dir).metrics.read_text())
+    if resume and ModelDir(run_dir).checkpoint.is_file():
         print(f"sweep: continuing {run_dir} from its checkpoint")
         return train(settings, resume=True)
     return train(settings, overwrite=True)
 
 
 def _finished(run_dir: Path) -> bool:
-    """A run that trained every epoch and was evaluated (metrics.json has its final result)."""
+    """A run that trained every epoch and was evaluated (its metrics have the final result)."""
     try:
-        metrics = json.loads((run_dir / "metrics.json").read_text())
+        metrics = json.loads(ModelDir(run_dir).metrics.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
     return "final" in metrics and len(metrics.get("history", [])) >= metrics.get("epochs", 0)
@@ -101,7 +103,7 @@ def _finished(run_dir: Path) -> bool:
 def _parameter_count(run_dir: Path) -> int:
     from .card import _count_parameters
 
-    return _count_parameters(run_dir) or 0
+    return _count_parameters(ModelDir(run_dir).weights) or 0
 
 
 def _table(results: dict[str, list[dict[str, Any]]]) -> str:

@@ -1,0 +1,146 @@
+"""A run's progress and its checkpoint: what `--resume` continues from.
+
+`checkpoint.safetensors` (`layout.ModelDir.checkpoint`) holds the model's and the optimizer's
+tensors, with the run's state as JSON in the same file's metadata: the settings, the config,
+the epochs done and the history. No pickles: a checkpoint is read like any safetensors file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .config import ViTConfig
+from .layout import ModelDir
+from .settings import HOW_TO_RUN, TrainingError, TrainSettings, setting_flag
+from .storage import reading_safetensors, replacing
+
+
+@dataclasses.dataclass
+class Progress:
+    """How far a run has come: epochs done, their records, and the best epoch's scores."""
+
+    epochs_done: int = 0
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    best_accuracy: float = -1.0
+    best_loss: float = math.inf
+
+    def add(self, record: dict[str, Any]) -> bool:
+        """Record an epoch; True when it is the best so far (validation accuracy, else training).
+        Ties go to the lower loss: a small validation split reaches 100 % long before the
+        model is done, and the first epoch to reach it is rarely the best one."""
+        self.history.append(record)
+        self.epochs_done = record["epoch"]
+        accuracy = record.get("val_accuracy", record["train_accuracy"])
+        loss = record.get("val_loss", record["train_loss"])
+        improved = (accuracy, -loss) > (self.best_accuracy, -self.best_loss)
+        if improved:
+            self.best_accuracy, self.best_loss = accuracy, loss
+        return improved
+
+    def state(self) -> dict[str, Any]:
+        """The checkpoint's record of the progress (JSON-native)."""
+        return {"epoch": self.epochs_done, "history": self.history, "best_accuracy": self.best_accuracy,
+                "best_loss": self.best_loss}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Progress":
+        return cls(state["epoch"], state["history"], state["best_accuracy"], state.get("best_loss", math.inf))
+
+
+def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    state: dict[str, Any]) -> None:
+    """Model + optimizer tensors in safetensors, everything else as JSON metadata in the
+    same file. Written to a temporary name, flushed to disk, then renamed (`replacing`): a
+    kill or a crash never leaves half a file."""
+    tensors = {f"model/{name}": value.contiguous() for name, value in model.state_dict().items()}
+    optimizer_state = optimizer.state_dict()
+    for index, values in optimizer_state["state"].items():
+        for key, value in values.items():
+            tensors[f"optimizer/{index}/{key}"] = torch.as_tensor(value).contiguous()
+    groups = [{k: v for k, v in group.items() if k != "params"} | {"params": group["params"]}
+              for group in optimizer_state["param_groups"]]
+    metadata = {"state": json.dumps(state), "param_groups": json.dumps(groups)}
+    with replacing(path) as partial:
+        save_file({k: v.cpu() for k, v in tensors.items()}, str(partial), metadata=metadata)
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Put the checkpoint's tensors back into `model` and `optimizer`; returns its JSON state."""
+    metadata = _checkpoint_metadata(path)
+    with reading_safetensors(path):
+        tensors = load_file(str(path))
+    model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+    optimizer_state: dict[str, Any] = {"state": {}, "param_groups": json.loads(metadata["param_groups"])}
+    for key, value in tensors.items():
+        if key.startswith("optimizer/"):
+            _, index, name = key.split("/", 2)
+            optimizer_state["state"].setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict(optimizer_state)
+    return json.loads(metadata["state"])
+
+
+def read_checkpoint_state(out: Path) -> dict[str, Any]:
+    """The JSON part of the checkpoint of the run in `out` (settings, config, epoch, history)."""
+    path = ModelDir(out).checkpoint
+    if not path.is_file():
+        raise TrainingError(f"--resume: expected a checkpoint at {path}, found none")
+    return json.loads(_checkpoint_metadata(path)["state"])
+
+
+def _checkpoint_metadata(path: Path) -> dict[str, str]:
+    """A checkpoint's metadata; one line if the file is damaged or not a vit_hub checkpoint."""
+    with reading_safetensors(path), safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    if not {"state", "param_groups"} <= set(metadata):
+        raise TrainingError(f"expected a vit_hub training checkpoint at {path}, found a safetensors file "
+                            f"without a run's state (metadata keys {sorted(metadata)})")
+    return metadata
+
+
+# Resuming -----------------------------------------------------------------------------------
+def resumed_settings(state: dict[str, Any], flags: dict[str, Any]) -> TrainSettings:
+    """The checkpoint's settings, with those of the flags given again that say only how the
+    run is carried out (HOW_TO_RUN) applied."""
+    how = {name: flags[name] for name in HOW_TO_RUN if name in flags}
+    return dataclasses.replace(TrainSettings(**state["settings"]), **how)
+
+
+def check_resume_flags(flags: dict[str, Any], resolved: dict[str, Any], settings: TrainSettings,
+                       config: ViTConfig, out: Path) -> None:
+    """Flags given with --resume that would change the run are refused, each named with the
+    run's own value: `resolved` where the run resolved a default (its epochs, batch, learning
+    rate), else its settings, and its config for model flags (under `flags["model"]`)."""
+    differ = [(name, value, resolved.get(name, getattr(settings, name)))
+              for name, value in flags.items() if name not in ("model", *HOW_TO_RUN)]
+    differ = [(name, given, own) for name, given, own in differ if not _same_setting(name, given, own)]
+    differ += [(name, given, getattr(config, name)) for name, given in flags.get("model", {}).items()
+               if not _same_model_field(config, name, given)]
+    if differ:
+        named = ", ".join(f"{setting_flag(name)} {given} (the checkpoint's: {own})" for name, given, own in differ)
+        raise TrainingError(f"--resume: expected the settings of the run in {out} (or no flags), got {named}; "
+                            f"start a new run with --overwrite to change them")
+
+
+def _same_setting(name: str, given: Any, own: Any) -> bool:
+    """A setting given again equals the run's own (--data: the same folder, however spelled)."""
+    if given == own:
+        return True
+    return name == "data" and Path(given).is_dir() and os.path.realpath(given) == os.path.realpath(own)
+
+
+def _same_model_field(config: ViTConfig, name: str, given: Any) -> bool:
+    """A model flag given again equals the config's value once normalised (16 is 16x16)."""
+    try:
+        return getattr(ViTConfig.from_dict({**config.to_dict(), name: given}), name) == getattr(config, name)
+    except (TypeError, ValueError):  # a value no config takes is not the config's either
+        return False
