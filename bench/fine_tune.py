@@ -1,4 +1,4 @@
-"""Fine-tuning from pretrained weights against training from scratch, same budget (issue 14).
+"""Fine-tuning from pretrained weights against training from scratch, same budget.
 
     OMP_NUM_THREADS=1 python bench/fine_tune.py --work /tmp/fine_tune --target parity [--seeds 0,1,2] [--epochs 50]
 

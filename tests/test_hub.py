@@ -405,7 +405,7 @@ def test_olah_errors_unknown_repo_not_ours_network_down(olah, monkeypatch, tmp_p
         pull("org/bert", tmp_path / "bert")
     assert not list(Path(constants.HF_HUB_CACHE).rglob("model.safetensors"))  # failed before the weights
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
-    # huggingface_hub retries a failed download five times with back-off (about 23 s): skip the waits.
+    # huggingface_hub retries a failed download several times with back-off: skip the waits.
     monkeypatch.setattr(time, "sleep", lambda seconds: None)
     with one_line_error(r"cannot reach the Hub at .* org/name@main is not in the local cache"):
         load_model(REPO)

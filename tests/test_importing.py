@@ -1,4 +1,4 @@
-"""`vit-hub import` (issue 14): timm and transformers ViTs, built here with random weights and
+"""`vit-hub import`: timm and transformers ViTs, built here with random weights and
 saved as each library publishes them, converted and compared with the library itself.
 Offline: one of them is served by the local test Hub (tests/hub_double.py)."""
 
@@ -20,6 +20,7 @@ from timm.utils.attention_extract import AttentionExtract
 
 from tests.hub_double import HubDouble, serving_hub
 from vit_hub.cli import main
+from vit_hub.demo import backends, page, pictures
 from vit_hub.pretrained import load_model
 
 TOKEN = "hf_vitHubImportToken0123456789abcdef"
@@ -319,19 +320,17 @@ def predict_top3(model, image) -> list[tuple[str, float]]:
 
 def test_the_app_explains_an_imported_timm_model(timm_tiny, tmp_path):
     """Top-k of the ImageNet labels and a rollout over a 14x14 patch grid, through the app's own path."""
-    import app
-
     _, folder = timm_tiny
     threads = torch.get_num_threads()
-    predictor = app.TorchPredictor.load(import_into(folder, tmp_path / "imported"))
+    predictor = backends.TorchPredictor.load(import_into(folder, tmp_path / "imported"))
     try:
-        app.build_demo(predictor)
+        page.build_demo(predictor)
         photo = Image.fromarray((np.random.default_rng(2).random((180, 240, 3)) * 255).astype(np.uint8))
-        result = app.explain(predictor, photo, "mean", 0.5, 5)
+        result = pictures.explain(predictor, photo, "mean", 0.5, 5)
     finally:
         torch.set_num_threads(threads)
     assert len(result.scores) == 5 and set(result.scores) <= set(predictor.config.labels)
-    assert result.overlay.size == app.display_size(*photo.size)
+    assert result.overlay.size == pictures.display_size(*photo.size)
     assert result.model_input.size[0] >= 224 and result.heads.size[0] > 0
 
 

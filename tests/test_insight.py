@@ -21,6 +21,7 @@ from vit_hub import insight, inspecting
 from vit_hub.card import render_card_text
 from vit_hub.cli import main as cli_main
 from vit_hub.config import ViTConfig
+from vit_hub.demo import backends, page
 from vit_hub.insight_figures import head_grid, view_images
 from vit_hub.layout import INSPECT_FIGURES
 from vit_hub.model import PatchEmbedding
@@ -284,21 +285,18 @@ def test_the_app_tab_with_onnx_only_says_the_filters_need_the_weights(tmp_path):
     """A model dir with the ONNX graphs and config but no model.safetensors: the tab says so; the
     views that need no weights (sin-cos positions, attention distances) are still drawn."""
     assert (BUNDLED / "model_attentions.onnx").is_file(), f"{BUNDLED} ships no model_attentions.onnx"
-    sys.path.insert(0, str(ROOT))
-    import app
-
     folder = tmp_path / "onnx-only"
     folder.mkdir()
     for name in ("config.json", "model.onnx", "model_attentions.onnx"):
         shutil.copy(BUNDLED / name, folder / name)
-    predictor = app.OnnxPredictor.load(folder)
+    predictor = backends.OnnxPredictor.load(folder)
     assert predictor.weights() is None
-    views = app.model_views(predictor)
+    views = page.model_views(predictor)
     readings = views.readings()
     assert readings["patch_filters"] == ("Not shown: the filters need the model's weights (model.safetensors), "
                                          "which this backend does not have.")
     assert views.similarity is not None and views.distance.shape == (6, 4)
-    assert set(views.images()) == set(app.INSIDE_TITLES)
+    assert set(view_images(views)) == set(page.INSIDE_TITLES)
 
 
 def test_figures_leave_pyplot_alone(tmp_path):

@@ -1,4 +1,4 @@
-"""Untrusted model dirs and Hub repos (issue 25, items 1, 5, 7, 12, 13, 14).
+"""Untrusted model dirs and Hub repos.
 
 A model dir or a Hub repo is untrusted input exactly like an upload: a 1 KB config.json must
 never be able to take the machine down. Every loader checks the config against the weights'
@@ -29,7 +29,9 @@ from hub_double import serving_hub
 
 from vit_hub import cli
 from vit_hub.card import render_card_text
+from vit_hub.demo import backends, methods
 from vit_hub.hub import HubError, push_to_hub
+from vit_hub.layout import ModelDir
 from vit_hub.pretrained import VisionTransformer, load_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +103,7 @@ def sincos_dir(tmp_path_factory) -> Path:
     return folder
 
 
-# Item 1: the config is checked against the weights before anything is allocated -------------------
+# The config is checked against the weights before anything is allocated -------------------
 CHILD = textwrap.dedent("""
     import contextlib, io, json, resource, sys
 
@@ -149,7 +151,7 @@ def load_in_child(entry: str, model_dir: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-HOSTILE_CONFIGS = {  # the issue's cases: config.json changes -> the one line that refuses them
+HOSTILE_CONFIGS = {  # config.json changes -> the one line that refuses them
     "embed_dim 6144 beside 19 KB": (dict(embed_dim=6144), "do not match the config: expected cls_token of shape "
                                     "[1, 1, 6144], found [1, 1, 16] (and 30 more of another shape)"),
     "depth 100000": (dict(depth=100_000), "depth: expected an int from 1 to 512, found 100000"),
@@ -238,7 +240,7 @@ def test_a_safetensors_header_over_16_mib_is_refused_before_it_is_parsed(model_d
     assert_one_line(str(error.value), "expected a safetensors header of at most 16 MiB", "found one of 17,")
 
 
-# Item 14: non-finite weights ----------------------------------------------------------------------
+# Non-finite weights ----------------------------------------------------------------------
 @pytest.mark.parametrize("value, found", [(float("nan"), "NaN"), (float("inf"), "an infinity")], ids=["nan", "inf"])
 def test_non_finite_weights_are_refused_naming_the_tensor(model_dir, tmp_path, value, found):
     def poison(tensors):
@@ -255,7 +257,7 @@ def test_non_finite_weights_are_refused_naming_the_tensor(model_dir, tmp_path, v
     assert_one_line(run_app_main("--model", hostile, "--port", free_port()), "cannot load --model", message)
 
 
-# Item 12: every config field type-checked; faithfulness.json ------------------------------------------
+# Every config field type-checked; faithfulness.json ------------------------------------------
 def deeply_nested(depth: int) -> str:
     return '{"embed_dim": 16, "patch_size": 4, "labels": ' + "[" * depth + "]" * depth + "}"
 
@@ -294,18 +296,16 @@ def test_a_config_field_of_the_wrong_type_is_one_line_everywhere(model_dir, tmp_
     json.dumps({"methods": ["rollout"]}),
 ], ids=["not-json", "string-auc", "methods-not-an-object"])
 def test_a_faithfulness_json_the_page_cannot_use_falls_back_to_the_default_with_a_warning(tmp_path, content):
-    import app
-
     shutil.copytree(BUNDLED_MODEL, tmp_path / "model", ignore=shutil.ignore_patterns("*.onnx", "*.png"))
-    (tmp_path / "model" / app.FAITHFULNESS_FILE).write_text(content)
-    predictor = app.TorchPredictor.load(tmp_path / "model")
+    (tmp_path / "model" / ModelDir.faithfulness).write_text(content)
+    predictor = backends.TorchPredictor.load(tmp_path / "model")
     with pytest.warns(UserWarning, match="faithfulness.json not used, the page opens with the default method"):
-        assert app.opening_method(predictor) == app.DEFAULT_METHOD
+        assert methods.opening_method(predictor) == methods.DEFAULT_METHOD
     with pytest.warns(UserWarning):
-        assert "was not measured for this model" in app.faithfulness_table(predictor.model_dir, predictor.methods)
+        assert "was not measured for this model" in methods.faithfulness_table(predictor.model_dir, predictor.methods)
 
 
-# Item 13: the model card escapes labels and folder names ------------------------------------------------
+# The model card escapes labels and folder names ------------------------------------------------
 HOSTILE_LABELS = ["<img src=x onerror=alert(1)>", "a|b", "line\nbreak", "[link](javascript:alert(1))"]
 
 
@@ -348,7 +348,7 @@ def test_class_folders_named_with_html_and_newlines_train_into_an_escaped_card(t
     assert "<img" not in prose and "&lt;img src=x onerror=alert(1)&gt;" in prose and r"a\|b c" in prose
 
 
-# Items 5 and 7: push never follows a link out; pull never leaves a mixed dir ---------------------------
+# Push never follows a link out; pull never leaves a mixed dir ---------------------------
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     with serving_hub(monkeypatch, tmp_path / "hf-cache", TOKEN) as double:

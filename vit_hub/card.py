@@ -23,6 +23,7 @@ from urllib.parse import quote
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .config import ViTConfig, read_json, size_text
+from .errors import UserError
 from .layout import INSPECT_FIGURES, ModelDir
 
 # How the Hub files every vit_hub repo: its library, its task, and the tags a model repo and a
@@ -68,7 +69,7 @@ def read_source_record(model_dir: Path) -> dict[str, Any] | None:
         return None
     try:
         record = read_json(path)
-    except ValueError:
+    except UserError:  # too large or not JSON: the card does without it
         return None
     return record if isinstance(record, dict) and "source" in record else None
 
@@ -234,7 +235,7 @@ def _inside_section(files: ModelDir) -> list[str]:
         return []
     try:
         readings = read_json(files.inspect_report).get("readings")
-    except (ValueError, AttributeError):  # not JSON, or not an object: the figures still show
+    except (UserError, AttributeError):  # not JSON, or not an object: the figures still show
         readings = None
     readings = readings if isinstance(readings, dict) else {}
     lines = ["## Inside the model", "",

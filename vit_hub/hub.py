@@ -191,7 +191,7 @@ def check_config(path: Path, source: str) -> None:
     """config.json must describe a vit_hub model (not, say, a transformers one)."""
     try:
         ViTConfig.from_json(path)
-    except ValueError as error:  # not JSON, not our keys, or values out of range
+    except UserError as error:  # not JSON, not our keys, or values out of range
         hint = ""
         if '"architecture"' in (text := path.read_text(errors="replace")) or '"model_type"' in text:
             hint = f" (a timm or transformers model? convert a ViT with: vit-hub import {source} --out DIR)"
@@ -239,7 +239,7 @@ def _download(repo_id: str, filename: str, revision: str | None, token: str | No
     the cache) does not have."""
     options = dict(revision=revision or DEFAULT_BRANCH, token=token, endpoint=hub_endpoint())
     with hub_errors(repo_id, revision):
-        # huggingface_hub would retry an unreachable Hub for about 25 s, logging a warning per try
+        # huggingface_hub would retry an unreachable Hub with back-off, logging a warning per try
         cache_only = not constants.is_offline_mode() and not hub_reachable(options["endpoint"])
         try:
             return Path(hf_hub_download(repo_id, filename, local_files_only=cache_only, **options))
