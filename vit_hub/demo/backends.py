@@ -128,7 +128,7 @@ class OnnxPredictor:
 
     def weights(self) -> dict[str, np.ndarray] | None:
         """model.safetensors read as arrays (no torch) when the model dir has it; else None."""
-        from ..insight import read_weights
+        from ..inspecting import read_weights
 
         folder = self.classifier.model_dir
         return read_weights(folder) if ModelDir(folder).weights.is_file() else None

@@ -29,7 +29,9 @@ from PIL import Image
 from ..attribution import METHODS
 from ..config import ViTConfig, size_text
 from ..errors import UserError
-from ..insight import ModelViews, compute_views, default_data, load_pixels, pooled_token
+from ..insight import ModelViews, compute_views, pooled_token
+from ..insight_figures import view_images
+from ..inspecting import default_data, load_pixels
 from ..preprocess import model_pixels, pixel_limit, to_model_domain
 from ..postprocess import top_k
 from ..rollout import HEAD_FUSIONS
@@ -246,7 +248,7 @@ def _inside_tab(views: ModelViews | str) -> None:
     if isinstance(views, str):
         gr.Markdown(views)
         return
-    images, readings = views.images(), views.readings()
+    images, readings = view_images(views), views.readings()
     for name, title in INSIDE_TITLES.items():  # three views
         gr.Image(images[name], label=title, type="pil", format="png", interactive=False, show_label=True,
                  buttons=["download", "fullscreen"], elem_id=f"inside-{name.replace('_', '-')}")

@@ -15,7 +15,8 @@ from PIL import Image
 
 from ..attribution import METHODS, check_method
 from ..config import ViTConfig
-from ..insight import head_grid, head_maps
+from ..insight import head_maps
+from ..insight_figures import head_grid
 from ..postprocess import top_k
 from ..preprocess import model_pixels, resize
 from ..rollout import layer_rollouts, overlay
