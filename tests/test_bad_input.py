@@ -37,6 +37,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import app  # noqa: E402
 from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: E402
 from vit_hub.export.__main__ import main as export_main  # noqa: E402
+import vit_hub  # noqa: E402
 from vit_hub import cli  # noqa: E402
 from vit_hub.pretrained import load_model  # noqa: E402
 from vit_hub.pretrained import VisionTransformer  # noqa: E402
@@ -528,6 +529,25 @@ def assert_refused(url: str, event: str, data, fragment: str | None = None) -> N
     assert_still_serving(url)
 
 
+# Gradio's own refusals, each with the reason it logs (a server file is no upload; the request is
+# not the component's data): they come before any handler of ours runs.
+NOT_UPLOADED = "InvalidPathError: Cannot move {} to the gradio cache dir because it was not uploaded by a user"
+NOT_IMAGE_DATA = "validation error for ImageData"
+NOT_EDITOR_DATA = "validation errors for EditorData"
+NOT_AN_EXAMPLE = "Could not preprocess input component at index 0 (a `dataset` component)"
+
+
+def assert_refused_by_gradio(url: str, event: str, data, server_log: str, reason: str) -> None:
+    """Gradio refused the request for `reason`, found in the server's log: an error event whose
+    message is hidden (Gradio shows none of its own), and no frame of this project's code in the
+    log, so nothing of ours ran, let alone crashed."""
+    assert_refused(url, event, data)
+    assert data == {"error": None}, data
+    assert reason in server_log, server_log
+    ours = (f'File "{Path(vit_hub.__file__).parent}{os.sep}', f'File "{REPO / "app.py"}"')
+    assert not any(frame in server_log for frame in ours), server_log
+
+
 def upload_folder() -> Path:
     from gradio.utils import get_upload_folder
 
@@ -537,25 +557,29 @@ def upload_folder() -> Path:
 ONLY_UPLOADS = "Only images uploaded to this app can be classified: expected an uploaded file"
 
 
-def predict_requests() -> dict[str, tuple[object, str | None]]:
-    """name -> (the image part of a /predict request naming a server file, our message or None
-    where Gradio refuses it first, without a message)."""
+def predict_requests() -> dict[str, tuple[object, str, bool]]:
+    """name -> (the image part of a /predict request naming a server file, the reason it is
+    refused, whether Gradio refuses it first (the reason is in its log) or the app (the reason
+    is the message))."""
     target = str(SERVER_FILE)
     return {
-        "path, no meta": ({"path": target}, ONLY_UPLOADS),
-        "file:// url": ({"url": f"file://{target}", "path": target}, ONLY_UPLOADS),
-        "http url as path": ({"path": "http://127.0.0.1:1/x.png"}, ONLY_UPLOADS),
-        "dot-dot out of the upload folder": ({"path": f"{upload_folder()}/../../{target}"}, ONLY_UPLOADS),
-        "a bare string": (target, None),
-        "path with meta": (file_data(target), None),
+        "path, no meta": ({"path": target}, ONLY_UPLOADS, False),
+        "file:// url": ({"url": f"file://{target}", "path": target}, ONLY_UPLOADS, False),
+        "http url as path": ({"path": "http://127.0.0.1:1/x.png"}, ONLY_UPLOADS, False),
+        "dot-dot out of the upload folder": ({"path": f"{upload_folder()}/../../{target}"}, ONLY_UPLOADS, False),
+        "a bare string": (target, NOT_IMAGE_DATA, True),
+        "path with meta": (file_data(target), NOT_UPLOADED.format(target), True),
     }
 
 
 @pytest.mark.parametrize("name", predict_requests())
-def test_predict_refuses_server_files(server, name):
-    image, fragment = predict_requests()[name]
+def test_predict_refuses_server_files(server, name, capfd):
+    image, reason, by_gradio = predict_requests()[name]
     event, data = call(server, "predict", [image, *CONTROLS])
-    assert_refused(server, event, data, fragment)
+    if by_gradio:
+        assert_refused_by_gradio(server, event, data, capfd.readouterr().err, reason)
+    else:
+        assert_refused(server, event, data, reason)
 
 
 def test_predict_refuses_a_symlink_in_the_upload_folder_to_a_server_file(server):
@@ -569,16 +593,17 @@ def test_predict_refuses_a_symlink_in_the_upload_folder_to_a_server_file(server)
 
 
 @pytest.mark.parametrize("meta", [False, True], ids=["no meta", "meta"])
-def test_predict_drawing_refuses_server_files(server, meta):
+def test_predict_drawing_refuses_server_files(server, meta, capfd):
     image = file_data(str(SERVER_FILE)) if meta else {"path": str(SERVER_FILE)}
     event, data = call(server, "predict_drawing", [{"background": image, "layers": [], "composite": image},
                                                    *CONTROLS])
-    assert_refused(server, event, data)
+    reason = NOT_UPLOADED.format(SERVER_FILE) if meta else NOT_EDITOR_DATA
+    assert_refused_by_gradio(server, event, data, capfd.readouterr().err, reason)
 
 
-def test_example_loading_refuses_server_files(server):
+def test_example_loading_refuses_server_files(server, capfd):
     event, data = call(server, "load_example", [{"path": str(SERVER_FILE)}])
-    assert_refused(server, event, data)
+    assert_refused_by_gradio(server, event, data, capfd.readouterr().err, NOT_AN_EXAMPLE)
 
 
 def test_the_file_route_refuses_server_files(server):
