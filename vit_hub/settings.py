@@ -1,6 +1,5 @@
-"""TrainSettings: everything a training run depends on, and the checks that refuse settings
-which cannot train before any data is read. `vit-hub train` has one flag per field (cli.py
-builds them from this class); the checkpoint stores the settings so `--resume` replays them.
+"""TrainSettings: everything a training run depends on, the checks that refuse settings (and
+an `--out`) which cannot work before any data is read, and the flag each setting is given by.
 """
 
 from __future__ import annotations

@@ -49,7 +49,9 @@ from .settings import (TrainingError, TrainSettings, check_out_is_a_folder, chec
 from .step import TrainStep, build_step, make_optimizer
 from .storage import write_text_atomically
 
-EPOCH_SEED_STRIDE = 100_003  # a prime: each epoch's dropout seed differs from every other run's
+# Each epoch reseeds dropout and stochastic depth with seed x this + epoch, so a resumed run draws
+# what an uninterrupted one would, and no two (seed, epoch) pairs share a stream.
+EPOCH_SEED_STRIDE = 100_003
 
 
 @dataclasses.dataclass
@@ -57,6 +59,7 @@ class Trainer:
     """A run, set up (by `build_trainer`) and ready to train: `run()` trains its epochs."""
 
     settings: TrainSettings
+    out: ModelDir  # where the run writes: settings.out, or the folder a resumed run was found in
     runtime: Runtime
     splits: vdata.DataSplits
     config: ViTConfig
@@ -69,10 +72,6 @@ class Trainer:
     flops_per_image: float  # one training image, forward and backward
     start: Imported | None = None  # the pretrained weights a fine-tuning run started from
     data_stats: vdata.ImageStats | None = None  # what chose the config, when the data did
-
-    @property
-    def out(self) -> ModelDir:
-        return ModelDir(Path(self.settings.out))
 
     def run(self, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Train to the end, or pause after `stop_after_epochs` more epochs (resumable)."""
@@ -127,7 +126,7 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> dict[str, Any]:
         """One pass over the training split; the epoch's record (loss, accuracy, speed)."""
         device, schedule = self.runtime.device, self.schedule
-        torch.manual_seed(self.settings.seed * EPOCH_SEED_STRIDE + epoch)  # dropout etc.: replayable per epoch
+        torch.manual_seed(self.settings.seed * EPOCH_SEED_STRIDE + epoch)
         self.step.network.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -322,7 +321,7 @@ def build_trainer(settings: TrainSettings, resume: bool = False,
     loaders = build_loaders(settings, runtime, config, splits, schedule)
     step = build_step(model, optimizer, runtime, settings.compile, schedule.total_steps,
                       settings.label_smoothing, settings.grad_clip)
-    return Trainer(settings, runtime, splits, config, schedule, model, step, loaders, progress,
+    return Trainer(settings, ModelDir(out), runtime, splits, config, schedule, model, step, loaders, progress,
                    UnreadableReport(splits, runtime), flops, start, data_stats)
 
 
