@@ -5,7 +5,7 @@
     python bench/train_throughput.py --device cuda --amp bf16 --configs vit-s16   # on a GPU
 
 One training step = forward, label-smoothed cross entropy, backward, gradient clipping and an
-AdamW step (what `vit_hub.train` does), on synthetic tensors (no data loading). Both models
+AdamW step (what `vit_hub.step.TrainStep` does), on synthetic tensors (no data loading). Both models
 are timed in the same process, in alternating rounds of `--steps` steps (the order flips every
 round), so machine noise hits both alike; medians and ratios are reported.
 
