@@ -22,8 +22,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 
-from vit_hub.demo import backends, methods, page, pictures, server, uploads  # noqa: E402
 from vit_hub.attribution import METHODS  # noqa: E402
+from vit_hub.demo import backends, methods, page, pictures, server, uploads  # noqa: E402
+from vit_hub.layout import ModelDir  # noqa: E402
 from vit_hub.preprocess import preprocess, to_model_domain  # noqa: E402
 
 MODEL_DIR = ROOT / "models" / "vit-mnist"
@@ -232,12 +233,13 @@ def test_every_method_answers_and_the_page_says_how_faithful_each_measured(serve
         predict(client, SAMPLES[0], "mean", 0.0, 3, "saliency")
     page = "\n".join(block.value for block in demo.blocks.values() if isinstance(block, gr.Markdown))
     measured = json.loads((MODEL_DIR / ModelDir.faithfulness).read_text())["methods"]
-    quick = [name for name in methods.QUICK_METHODS if name in measured]
+    quick = [name for name, method in METHODS.items() if method.quick and name in measured]
     best = max(quick, key=lambda name: measured[name]["insertion_auc"] - measured[name]["deletion_auc"])
     assert best == "integrated_gradients_rollout"  # on the bundled model (BENCHMARKS.md)
     row = measured[best]
     assert f"| {METHODS[best].label} | {row['deletion_auc']:.3f} | {row['insertion_auc']:.3f} |" in page
     assert f"opens with **{METHODS[best].label}**" in page
+    assert "| gradient_rollout |" not in page and "| ink per patch | " in page  # bench-only methods left out
     (accordion,) = [block for block in demo.blocks.values() if isinstance(block, gr.Accordion)]
     assert accordion.label == "How faithful is this map?" and accordion.open is False
 
@@ -288,9 +290,9 @@ def test_missing_image_and_bad_controls_are_reported(client):
     with pytest.raises(Exception, match="head fusion: expected one of mean, max, min, got 'median'"):
         predict(client, SAMPLES[0], head_fusion="median")
     for controls, message in [(("mean", 1.0, 3), "discard ratio: expected a number from 0 up to 1, got '1.0'"),
-                              (("mean", 0.0, 0), "top-k: expected a whole number from 1 to 10, got '0'"),
-                              (("mean", 0.0, 2.5), "top-k: expected a whole number from 1 to 10, got '2.5'"),
-                              (("mean", 0.0, "3"), "top-k: expected a whole number from 1 to 10, got '3'")]:
+                              (("mean", 0.0, 0), "top-k: expected a whole number of 1 or more, got '0'"),
+                              (("mean", 0.0, 2.5), "top-k: expected a whole number of 1 or more, got '2.5'"),
+                              (("mean", 0.0, "3"), "top-k: expected a whole number of 1 or more, got '3'")]:
         with pytest.raises(Exception, match=re.escape(message)):
             client.predict(handle_file(str(SAMPLES[0])), *controls, api_name="/predict")
 
@@ -329,7 +331,7 @@ def test_onnx_backend_uses_the_graph_shipped_with_the_model(monkeypatch):
     def no_export(model_dir):
         raise AssertionError(f"exported {model_dir} although it ships an attentions graph")
 
-    monkeypatch.setattr(app, "_export_dir", no_export)
+    monkeypatch.setattr(backends, "_export_dir", no_export)
     onnx = backends.load_predictor(MODEL_DIR, "onnx")
     assert onnx.classifier.model_path.parent == MODEL_DIR
 

@@ -2,8 +2,8 @@
 
 The page opens with the method measured most faithful on the served model (insertion minus
 deletion AUC in its faithfulness.json, written by `bench/faithfulness.py --write`) among the
-QUICK_METHODS, those whose map (forward pass and method) takes at most about 15 ms on a 2-core
-CPU (BENCHMARKS.md, "Explanation faithfulness"); DEFAULT_METHOD for a model never measured,
+quick methods (`Method.quick`: the map, forward pass included, takes at most about 15 ms on a
+2-core CPU; BENCHMARKS.md, "Explanation faithfulness"); DEFAULT_METHOD for a model never measured,
 ONNX_DEFAULT_METHOD when the backend computes no gradients and nothing was measured.
 """
 
@@ -19,7 +19,6 @@ from ..errors import UserError
 from ..layout import ModelDir
 from .backends import Predictor
 
-QUICK_METHODS = tuple(name for name in METHODS if name != "occlusion")  # occlusion runs the model once a patch
 DEFAULT_METHOD = "integrated_gradients"
 ONNX_DEFAULT_METHOD = "rollout"
 
@@ -47,10 +46,10 @@ def measured_faithfulness(model_dir: Path | None) -> dict | None:
 
 
 def opening_method(predictor: Predictor) -> str:
-    """The method the page opens with (see QUICK_METHODS)."""
+    """The method the page opens with (see the module docstring)."""
     measured = measured_faithfulness(predictor.model_dir)
     rows = measured["methods"] if measured else {}
-    candidates = [name for name in QUICK_METHODS if name in predictor.methods and name in rows]
+    candidates = [name for name in predictor.methods if METHODS[name].quick and name in rows]
     if candidates:
         return max(candidates, key=lambda name: rows[name]["insertion_auc"] - rows[name]["deletion_auc"])
     return DEFAULT_METHOD if DEFAULT_METHOD in predictor.methods else ONNX_DEFAULT_METHOD
@@ -65,7 +64,10 @@ def faithfulness_table(model_dir: Path | None, methods: tuple[str, ...]) -> str:
                 f"MODEL_DIR/{ModelDir.faithfulness}`); BENCHMARKS.md has the bundled model's figures.")
     rows = measured["methods"]
     named = [(METHODS[name].label, rows[name]) for name in methods if name in rows]
-    named += [(name.split(" (")[0].split(":")[0], row) for name, row in rows.items() if name not in METHODS]
+    # The bench's reference rows: a model-free map (named in words) and random. Rows of methods
+    # kept in bench/ only (snake_case names, not offered here) are left out.
+    named += [(name.split(" (")[0].split(":")[0], row) for name, row in rows.items()
+              if name not in METHODS and (" " in name or name == "random")]
     table = "\n".join(f"| {label} | {row['deletion_auc']:.3f} | {row['insertion_auc']:.3f} |" for label, row in named)
     return (f"Measured on {measured['images']} test images by `bench/faithfulness.py`: blank the patches a map "
             f"ranks first and see how fast the predicted class's probability falls (deletion AUC, lower is "
