@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -214,6 +215,31 @@ def test_export_into_the_model_dir_keeps_its_config_and_drops_stale_graphs(tiny,
 def test_bad_export_options_are_one_clear_error(tiny, tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         export_onnx(tiny[0], tmp_path, **kwargs)
+
+
+# The package ---------------------------------------------------------------------------
+def test_export_installs_inside_the_vit_hub_namespace():
+    """export/ installs as vit_hub.export (a top-level `export` would collide in a user's
+    environment), and the wheel's explicit package list names every subpackage of vit_hub."""
+    settings = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert settings["package-dir"] == {"vit_hub.export": "export"}
+    subpackages = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "vit_hub").rglob("__init__.py")}
+    assert sorted(settings["packages"]) == sorted(subpackages | {"vit_hub.export"})
+    import vit_hub.export
+
+    assert Path(vit_hub.export.__file__).parent == REPO / "export"
+
+
+def test_export_imports_from_a_checkout_without_the_editable_install():
+    """After a plain `pip install .`, `python app.py` in the checkout imports the checkout's
+    vit_hub, which no install maps export/ into: the package finds the folder itself."""
+    script = ("import sys\n"
+              "sys.meta_path[:] = [finder for finder in sys.meta_path if 'editable' not in getattr(finder, '__module__', '')]\n"
+              "from vit_hub.export import OnnxClassifier\nfrom vit_hub.export import runtime\n"
+              "print(runtime.__file__, OnnxClassifier.__module__)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(REPO / "export" / "runtime.py"), "vit_hub.export.runtime"]
 
 
 # The runtime ---------------------------------------------------------------------------

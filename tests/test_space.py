@@ -26,6 +26,7 @@ import yaml
 from conftest import free_port
 
 from hub_double import serving_hub
+from vit_hub.card import HUB_TAGS
 from vit_hub.cli import main
 from vit_hub.hub import push_to_hub
 from vit_hub.space import MODEL_FOLDER, REQUIREMENTS, SETTINGS_FILE, read_settings, write_space
@@ -155,6 +156,7 @@ def test_dry_run_writes_a_space_folder_and_uploads_nothing(hub, tmp_path, capsys
     assert front["sdk"] == "gradio" and front["sdk_version"] == gradio_version and front["app_file"] == "app.py"
     assert front["title"] == "vit-mnist-demo" and front["license"] == "mit"  # the model card's licence
     assert "models" not in front  # a bundled model has no model repo to link
+    assert front["tags"] == list(HUB_TAGS)  # the tags every vit_hub repo carries
 
     pinned = pins(written["requirements.txt"].decode())  # enough to run the app: the Space tests below
     assert set(pinned) == set(REQUIREMENTS) and not {"torch", "onnxruntime-gpu"} & set(pinned)

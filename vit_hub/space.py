@@ -31,6 +31,7 @@ from pathlib import Path
 
 from huggingface_hub import HfApi, metadata_load
 
+from .card import HUB_TAGS
 from .errors import UserError
 from .hub import (DEFAULT_BRANCH, _push_token, check_config, check_model_dir, check_repo_id, fetch_file,
                   has_file, hub_endpoint, hub_errors)
@@ -204,7 +205,7 @@ def readme_text(repo_id: str, settings: SpaceSettings, model_repo: str | None, l
         "app_file": "app.py",
         "license": licence,
         "pinned": False,
-        "tags": ["vit_hub", "vision-transformer", "image-classification"],
+        "tags": list(HUB_TAGS),
     }
     if model_repo:
         front["models"] = [model_repo]
