@@ -9,7 +9,7 @@ Two held-aside groups of 30 images (3 per digit), generated offline and determin
          and vignette), paper grain, a small rotation, slight blur, JPEG quality 70-80;
   typed  black digits on white 200x200, DejaVu faces at 60-150 px, anywhere in the frame.
 The true label is in every file name (`photo_07_label_3.jpg`). The app is started in this
-process (`app.build_demo` + `app.serve` on a free port) and every file goes through
+process (`vit_hub.demo.page.build_demo` + `serve` on a free port) and every file goes through
 `gradio_client` exactly as a browser upload would. Prints right/total per group.
 
 `--code DIR` serves with the app.py and vit_hub of another checkout (e.g. a git worktree of
@@ -144,7 +144,8 @@ def live_app(model: str, backend: str) -> Iterator["Client"]:
     process; the app is closed on exit. The client fetches no output pictures (labels only)."""
     from gradio_client import Client
 
-    from app import build_demo, load_predictor, serve
+    from vit_hub.demo.backends import load_predictor
+    from vit_hub.demo.page import build_demo, serve
 
     demo = build_demo(load_predictor(model, backend))
     _, url, _ = serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)

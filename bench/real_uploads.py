@@ -13,7 +13,7 @@ Every image is scored four ways:
   torch   /predict of app.py serving the model on its torch backend, the file uploaded through
           gradio_client as a browser uploads it (bench/digit_uploads.py's live_app);
   onnx    the same on the ONNX backend (the model dir's ONNX graphs);
-  sketch  /predict_drawing of the torch app, the image sent as the sketchpad's value (its
+  sketch  /explain_drawing of the torch app, the image sent as the sketchpad's value (its
           background and composite), as if it had been drawn there;
   cnn     small_cnn, the reference a practitioner would try: two conv layers with pooling and
           a linear head, trained here (seeded, on the CPU) on the bundled MNIST training split
@@ -143,13 +143,13 @@ def sketchpad_value(path: Path) -> dict:
 
 
 def score_through_app(images: list[DevImage], model: str) -> dict[str, list[Answer]]:
-    """The torch app's /predict and /predict_drawing, then the ONNX app's /predict."""
+    """The torch app's /predict and /explain_drawing, then the ONNX app's /predict."""
     from gradio_client import handle_file
 
     answers = {}
     with live_app(model, "torch") as client:
         answers["torch"] = [ask_app(client, "/predict", handle_file(str(image.path))) for image in images]
-        answers["sketch"] = [ask_app(client, "/predict_drawing", sketchpad_value(image.path)) for image in images]
+        answers["sketch"] = [ask_app(client, "/explain_drawing", sketchpad_value(image.path)) for image in images]
     with live_app(model, "onnx") as client:
         answers["onnx"] = [ask_app(client, "/predict", handle_file(str(image.path))) for image in images]
     return answers

@@ -34,7 +34,9 @@ from PIL import Image, ImageFile
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-import app  # noqa: E402
+import gradio as gr  # noqa: E402
+
+from vit_hub.demo import backends, page, uploads  # noqa: E402
 from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: E402
 from vit_hub.export.__main__ import main as export_main  # noqa: E402
 import vit_hub  # noqa: E402
@@ -42,7 +44,7 @@ from vit_hub import cli  # noqa: E402
 from vit_hub.pretrained import load_model  # noqa: E402
 from vit_hub.pretrained import VisionTransformer  # noqa: E402
 from vit_hub.predict import predict_images  # noqa: E402
-from vit_hub.preprocess import open_image  # noqa: E402
+from vit_hub.preprocess import open_image, pixel_limit  # noqa: E402
 from vit_hub.layout import ModelDir  # noqa: E402
 from vit_hub.settings import TrainingError  # noqa: E402
 from vit_hub.train import Trainer  # noqa: E402
@@ -480,8 +482,8 @@ def test_app_on_a_port_in_use_is_one_line():
 @pytest.fixture(scope="module")
 def server():
     threads = torch.get_num_threads()
-    demo = app.build_demo(app.TorchPredictor.load(BUNDLED_MODEL))
-    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = page.build_demo(backends.TorchPredictor.load(BUNDLED_MODEL))
+    _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield url
     demo.close()
     torch.set_num_threads(threads)
@@ -572,10 +574,11 @@ def predict_requests() -> dict[str, tuple[object, str, bool]]:
     }
 
 
+@pytest.mark.parametrize("endpoint", ["predict", "predict_labels", "explain"])
 @pytest.mark.parametrize("name", predict_requests())
-def test_predict_refuses_server_files(server, name, capfd):
+def test_predict_refuses_server_files(server, name, endpoint, capfd):
     image, reason, by_gradio = predict_requests()[name]
-    event, data = call(server, "predict", [image, *CONTROLS])
+    event, data = call(server, endpoint, [image, *((3,) if endpoint == "predict_labels" else CONTROLS)])
     if by_gradio:
         assert_refused_by_gradio(server, event, data, capfd.readouterr().err, reason)
     else:
@@ -593,9 +596,9 @@ def test_predict_refuses_a_symlink_in_the_upload_folder_to_a_server_file(server)
 
 
 @pytest.mark.parametrize("meta", [False, True], ids=["no meta", "meta"])
-def test_predict_drawing_refuses_server_files(server, meta, capfd):
+def test_explain_drawing_refuses_server_files(server, meta, capfd):
     image = file_data(str(SERVER_FILE)) if meta else {"path": str(SERVER_FILE)}
-    event, data = call(server, "predict_drawing", [{"background": image, "layers": [], "composite": image},
+    event, data = call(server, "explain_drawing", [{"background": image, "layers": [], "composite": image},
                                                    *CONTROLS])
     reason = NOT_UPLOADED.format(SERVER_FILE) if meta else NOT_EDITOR_DATA
     assert_refused_by_gradio(server, event, data, capfd.readouterr().err, reason)
@@ -616,7 +619,7 @@ def test_bad_uploads_are_named_by_the_clients_file_name(server, files, case):
     uploaded = upload(server, files[case])
     event, data = call(server, "predict", [file_data(uploaded, orig_name=f"C:\\Users\\me\\{files[case].name}"),
                                            *CONTROLS])
-    app_limit = IMAGE_CASES[case].replace("at most 64 megapixels", app.pixel_limit(app.APP_MAX_PIXELS))  # issue 25
+    app_limit = IMAGE_CASES[case].replace("at most 64 megapixels", pixel_limit(uploads.APP_MAX_PIXELS))  # the app allows less than training
     assert_refused(server, event, data, f"{files[case].name} {app_limit}")
 
 
@@ -638,13 +641,13 @@ def test_a_bundled_example_as_the_page_loads_it_is_classified(server):
 ])
 def test_app_messages_keep_no_server_path(message, shown):
     """The app's last line of defence: whatever error reaches a user names files, not paths."""
-    assert app.without_paths(message) == shown
+    assert uploads.without_paths(message) == shown
 
 
 @pytest.mark.parametrize("composite", [str(SERVER_FILE), {"path": str(SERVER_FILE)}], ids=["string", "file data"])
 def test_the_drawing_handler_opens_no_path_itself(composite):
     """Gradio turns the sketchpad's files into PIL images; anything else is refused, not opened."""
-    with pytest.raises(app.gr.Error) as error:
-        app.read_drawing({"composite": composite}, (28, 28))
+    with pytest.raises(gr.Error) as error:
+        uploads.read_drawing({"composite": composite}, (28, 28))
     assert_one_line(error.value.message, "expected the drawing as an image, got")
     assert str(SERVER_FILE) not in error.value.message

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import app
+from vit_hub.demo import server
 from vit_hub.export.__main__ import build_parser as export_parser
 from vit_hub import cli
 from vit_hub.config import PRESETS, ViTConfig
@@ -37,7 +37,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
                 for child in action.choices.values():
                     walk(child)
 
-    for parser in (cli.build_parser(), export_parser(), app.build_parser(None)):
+    for parser in (cli.build_parser(), export_parser(), server.build_parser(None)):
         walk(parser)
     return found
 

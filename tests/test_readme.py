@@ -377,9 +377,9 @@ def test_ddp_blocks_with_two_processes_and_two_nodes(folder, tmp_path):
 # The app section's promise: an ONNX export made at start-up does not outlive the app.
 SIGTERM_AFTER_EXPORT = """
 import os, signal, sys, time
-import app
-signal.signal(signal.SIGTERM, app._exit_on_sigterm)  # as app.main() sets it
-print(app.OnnxPredictor.load(sys.argv[1]).classifier.layout.folder, flush=True)
+from vit_hub.demo import backends, server
+signal.signal(signal.SIGTERM, server._exit_on_sigterm)  # as server.main() sets it
+print(backends.OnnxPredictor.load(sys.argv[1]).classifier.layout.folder, flush=True)
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(60)
 """

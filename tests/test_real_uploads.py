@@ -98,7 +98,7 @@ def test_the_cnn_cache_follows_the_pixels_it_learns_from():
 
 @pytest.mark.slow
 def test_every_route_scores_uploads_and_counts_a_blank_as_refused(dev):
-    """The live app (torch /predict, /predict_drawing, ONNX /predict) and the CNN's preprocessing:
+    """The live app (torch /predict, /explain_drawing, ONNX /predict) and the CNN's preprocessing:
     typed digits are read, the blank canvas is refused by each route, not skipped."""
     images = real_uploads.dev_images(dev)
     config = ViTConfig.from_json(MODEL_DIR / "config.json")
