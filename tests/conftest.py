@@ -137,7 +137,7 @@ def train_tiny(data: Path, out: Path, epochs: int = 3, **overrides) -> Path:
     import io
 
     from vit_hub.settings import TrainSettings
-    from vit_hub.train import train
+    from vit_hub.training_run import train
 
     settings = TrainSettings(data=str(data), out=str(out), model=dict(TINY_MODEL), epochs=epochs, **TINY_RUN)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

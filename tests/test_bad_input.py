@@ -396,7 +396,7 @@ def test_a_loss_that_turns_nan_stops_the_run_and_keeps_the_last_good_epoch(train
 
 def test_the_trainer_refuses_inf_lr_through_the_python_api_too(train_folder, tmp_path):
     from vit_hub.settings import TrainSettings
-    from vit_hub.train import train
+    from vit_hub.training_run import train
 
     with pytest.raises(TrainingError) as error:
         train(TrainSettings(data=str(train_folder), out=str(tmp_path / "out"), lr=float("inf")))

@@ -385,7 +385,8 @@ def test_train_init_fine_tunes_a_timm_model_on_a_folder(timm_small_grid, split_i
 def test_init_weights_keep_the_body_resize_positions_as_timm_does_and_zero_the_head(timm_small_grid):
     from timm.layers import resample_abs_pos_embed
 
-    from vit_hub.importing import fine_tune_config, fine_tune_weights, load_init
+    from vit_hub.fine_tune import fine_tune_config, fine_tune_weights
+    from vit_hub.importing import load_init
 
     model, source = timm_small_grid
     start = load_init(source)
@@ -399,7 +400,8 @@ def test_init_weights_keep_the_body_resize_positions_as_timm_does_and_zero_the_h
 
 
 def test_init_from_a_vit_model_drops_its_pooler(tmp_path):
-    from vit_hub.importing import fine_tune_config, load_init
+    from vit_hub.fine_tune import fine_tune_config
+    from vit_hub.importing import load_init
 
     transformers.ViTModel(tiny_vit_config()).save_pretrained(tmp_path / "source", safe_serialization=True)
     start = load_init(tmp_path / "source")
@@ -410,7 +412,8 @@ def test_init_from_a_vit_model_drops_its_pooler(tmp_path):
 def test_canonicalisation_is_the_new_data_s_choice_when_fine_tuning():
     """None by default, even from a digit model; `--canonicalize digit` keeps it (the bundled
     model is fine-tuned that way; before, the run silently trained on raw digits)."""
-    from vit_hub.importing import fine_tune_config, load_init
+    from vit_hub.fine_tune import fine_tune_config
+    from vit_hub.importing import load_init
 
     start = load_init(Path(__file__).resolve().parents[1] / "models" / "vit-mnist")
     assert start.config.canonicalize == "digit"

@@ -21,16 +21,18 @@ from vit_hub import data as vdata
 from vit_hub import batches
 from vit_hub.checkpoint import load_checkpoint, read_checkpoint_state, save_checkpoint
 from vit_hub.config import DIGIT_LABELS, PRESETS, ConfigError, ViTConfig
+from vit_hub.distributed import stop_runtime
 from vit_hub.evaluation import evaluate, shift_warning
 from vit_hub.flops import TOTAL, count_flops, flop_rates, module_flops, peak_flops, training_flops
-from vit_hub.layout import ModelDir
+from vit_hub.layout import INSPECT_FIGURES, ModelDir
 from vit_hub.model import ViTOutput
 from vit_hub.pretrained import VisionTransformer
 from vit_hub.preprocess import preprocess
 from vit_hub.schedule import Schedule, default_batch_size, default_epochs, learning_rate, peak_learning_rate
 from vit_hub.settings import TrainingError, TrainSettings
 from vit_hub.step import choose_compile, parameter_groups
-from vit_hub.train import Trainer, build_config, build_trainer, train
+from vit_hub.train import Trainer, build_config, build_trainer
+from vit_hub.training_run import train
 
 CHECKPOINT = ModelDir.checkpoint
 
@@ -101,6 +103,34 @@ def test_run_writes_a_hub_layout_model_dir_without_pickles(learned_run):
     assert not [name for name in names if name.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt", ".partial"))]
     for image in ("curves.png", "confusion_matrix.png"):
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_loop_writes_what_training_produces_and_the_run_adds_the_card_and_views(learned_run, split_image_folder,
+                                                                                     tmp_path):
+    """The loop alone (build_trainer + Trainer.run) leaves weights, config, metrics, plots and
+    checkpoint, in save_pretrained's format; the card and the inspect views are the run level's."""
+    trainer = build_trainer(tiny_settings(split_image_folder, tmp_path / "loop", epochs=1))
+    try:
+        quietly(trainer.run)
+    finally:
+        stop_runtime(trainer.runtime)
+    loop = ModelDir(tmp_path / "loop")
+    assert sorted(path.name for path in loop.folder.iterdir()) == sorted(
+        [ModelDir.config, ModelDir.weights, ModelDir.metrics, ModelDir.curves, ModelDir.confusion_matrix, CHECKPOINT])
+    resaved = tmp_path / "resaved"
+    VisionTransformer.from_pretrained(str(loop.folder)).save_pretrained(resaved)
+    for name in (ModelDir.config, ModelDir.weights):  # byte for byte what the Hub mixin writes
+        assert (resaved / name).read_bytes() == (loop.folder / name).read_bytes(), name
+
+    run = ModelDir(learned_run["out"])
+    assert run.card.is_file() and run.inspect_report.is_file()
+    assert all((run.folder / name).is_file() for name in INSPECT_FIGURES)
+
+
+def test_the_loop_is_given_the_pretrained_weights_init_names(split_image_folder, tmp_path):
+    with pytest.raises(ValueError, match="--init some/vit as `start`"):
+        build_trainer(tiny_settings(split_image_folder, tmp_path / "out", init="some/vit"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_metrics_and_card_say_where_the_run_happened(learned_run):

@@ -27,7 +27,7 @@ from vit_hub.checkpoint import read_checkpoint_state
 from vit_hub.data import DataError
 from vit_hub.layout import ModelDir
 from vit_hub.settings import TrainingError, TrainSettings
-from vit_hub.train import train
+from vit_hub.training_run import train
 
 CHECKPOINT = ModelDir.checkpoint
 
@@ -295,7 +295,7 @@ PAUSE_AT_A_POINT = textwrap.dedent('''
         def paused(tensors, filename, metadata=None):
             name = Path(filename).name
             if (POINT == "checkpoint" and name.startswith(ModelDir.checkpoint)) or \\
-                    (POINT == "weights" and name == "model.safetensors"):
+                    (POINT == "weights" and name.startswith(ModelDir.weights)):
                 data = safetensors.torch.save(tensors, metadata=metadata)
                 with open(filename, "wb") as handle:
                     handle.write(data[:len(data) // 2])
@@ -312,7 +312,7 @@ PAUSE_AT_A_POINT = textwrap.dedent('''
         return paused
 
 
-    # the checkpoint (vit_hub.checkpoint) and the weights (huggingface_hub, through save_model)
+    # the checkpoint and the best weights (vit_hub.checkpoint; the weights through save_model)
     # are written by safetensors' save_file: patched before vit_hub imports it
     safetensors.torch.save_file = half_a_file_then_pause(safetensors.torch.save_file)
     from vit_hub import run_report, schedule, train  # noqa: E402

@@ -25,6 +25,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from .config import ViTConfig, read_json, size_text
 from .errors import UserError
 from .layout import INSPECT_FIGURES, ModelDir
+from .storage import count_parameters
 
 # How the Hub files every vit_hub repo: its library, its task, and the tags a model repo and a
 # Space (vit_hub.space) share. A model repo adds MODEL_TAGS' frameworks.
@@ -182,7 +183,7 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
     sections = [
         "---", card_metadata(config, metrics, name, source).to_yaml(), "---", "",
         f"# {_text(name)}", "", _origin(config, source), "",
-        "## Architecture", "", _architecture_table(config, _count_parameters(files.weights)), "",
+        "## Architecture", "", _architecture_table(config, count_parameters(files.weights)), "",
         *_training_section(metrics, source),
         "## Metrics", "", _metrics_section(metrics), "",
         *_training_figures(files),
@@ -265,23 +266,6 @@ def _onnx_usage(reference: str, repo_id: str | None, onnx: bool) -> list[str]:
     return lines + [*_code("python", *paths, "from vit_hub.export import OnnxClassifier",
                            "classifier = OnnxClassifier(onnx_path, config_path)",
                            'print(classifier.predict("image.png", top_k=3))'), ""]
-
-
-def _count_parameters(weights: Path) -> int | None:
-    """How many numbers the weights file holds, from its header (None without one)."""
-    if not weights.is_file():
-        return None
-    from safetensors import safe_open
-
-    total = 0
-    with safe_open(str(weights), framework="numpy") as handle:
-        for key in handle.keys():
-            shape = handle.get_slice(key).get_shape()
-            count = 1
-            for size in shape:
-                count *= size
-            total += count
-    return total
 
 
 def render_card_text(model_dir: Path, repo_id: str | None = None, onnx: bool | None = None) -> str:

@@ -1,8 +1,12 @@
-"""A run's progress and its checkpoint: what `--resume` continues from.
+"""What a run saves as it goes: its progress and checkpoint (what `--resume` continues from),
+and the model of its best epoch.
 
 `checkpoint.safetensors` (`layout.ModelDir.checkpoint`) holds the model's and the optimizer's
 tensors, with the run's state as JSON in the same file's metadata: the settings, the config,
 the epochs done and the history. No pickles: a checkpoint is read like any safetensors file.
+
+The best epoch's model is the model dir's `config.json` and `model.safetensors`, in the
+format `vit_hub.pretrained.VisionTransformer.save_pretrained` writes and `load_model` reads.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from .config import ViTConfig
 from .layout import ModelDir
+from .model import VisionTransformer
 from .settings import HOW_TO_RUN, TrainingError, TrainSettings, setting_flag
-from .storage import reading_safetensors, replacing
+from .storage import reading_safetensors, replacing, write_text_atomically
 
 
 @dataclasses.dataclass
@@ -105,6 +110,26 @@ def _checkpoint_metadata(path: Path) -> dict[str, str]:
         raise TrainingError(f"expected a vit_hub training checkpoint at {path}, found a safetensors file "
                             f"without a run's state (metadata keys {sorted(metadata)})")
     return metadata
+
+
+# The best epoch's model ----------------------------------------------------------------------
+def save_best_model(model: VisionTransformer, out: ModelDir) -> None:
+    """The model's weights and config into the model dir, each written beside its file and
+    moved in (`replacing`), weights first: a kill leaves the previous model, or the new
+    weights beside the config they share (every epoch of a run has one architecture).
+    The config is `ViTConfig.to_dict()` as sorted JSON, as the Hub mixin writes it."""
+    with replacing(out.weights) as partial:
+        save_model(model, str(partial))
+    write_text_atomically(out.config, json.dumps(model.config.to_dict(), sort_keys=True, indent=2))
+
+
+def load_best_model(config: ViTConfig, out: ModelDir, device: torch.device) -> VisionTransformer:
+    """The best epoch's weights (`save_best_model`) read back into a model of `config` on
+    `device`, in eval mode (strict: every weight, none missing or unexpected)."""
+    model = VisionTransformer(config)
+    with reading_safetensors(out.weights):
+        load_model(model, str(out.weights), device=str(device))
+    return model.to(device).eval()
 
 
 # Resuming -----------------------------------------------------------------------------------

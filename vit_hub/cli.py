@@ -279,7 +279,7 @@ def _settings(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace) -> None:
     from .settings import TrainSettings
-    from .train import train
+    from .training_run import train
 
     if args.resume:  # the checkpoint's own settings are replayed; flags given again must match them
         flags = {name: value for name, value in _given_settings(args).items() if name != "out"}
@@ -343,7 +343,8 @@ def run_sweep(args: argparse.Namespace) -> None:
 
 
 def run_import(args: argparse.Namespace) -> None:
-    from .importing import describe, import_model, write_model_dir
+    from .fine_tune import describe
+    from .importing import import_model, write_model_dir
     from .settings import command_line
 
     imported = import_model(args.source, args.revision, args.token)

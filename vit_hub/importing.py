@@ -15,7 +15,8 @@ Only safetensors are read: a pickle (pytorch_model.bin) can run code when loaded
 
 Nothing here imports timm or transformers. The conversion itself (names and shapes onto
 vit_hub's, and what is refused) is `vit_hub.converting`; this module finds the files, checks
-the result, records where it came from and writes the model dir.
+the result, records where it came from and writes the model dir (or, for `--init`, hands the
+weights to training, which adapts them to its data: `vit_hub.fine_tune`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from .config import ViTConfig, read_json, size_text
 from .converting import ImportRefused, convert_timm, convert_transformers
 from .errors import UserError
+from .fine_tune import PretrainedStart
 from .hub import check_model_dir, fetch_file, has_file
 from .layout import ModelDir
 from .pretrained import VisionTransformer
@@ -46,13 +47,8 @@ SOURCE_FLAG = "SRC"
 WHAT = "a ViT that vit-hub import reads (a timm/vit_* or transformers ViT model)"
 
 
-@dataclasses.dataclass
-class Imported:
+class Imported(PretrainedStart):
     """A converted model: the vit_hub config, its weights under vit_hub's names, and where they came from."""
-
-    config: ViTConfig
-    weights: dict[str, torch.Tensor]
-    source: dict[str, Any]  # written as source.json: library, architecture, licence, ...
 
     def model(self):
         """The vit_hub model with these weights (strict: every weight used, none missing), in eval mode."""
@@ -270,59 +266,4 @@ def load_init(reference: str | Path, revision: str | None = None, token: str | N
     return Imported(config, weights, source)
 
 
-# Fields a fine-tuning run may change; everything else is the pretrained architecture's.
-FINE_TUNE_FIELDS = ("image_size", "dropout", "attention_dropout", "drop_path", "interpolation", "mean", "std",
-                    "pixel_norm", "canonicalize")
-
-
-def fine_tune_config(start: Imported, labels: list[str], overrides: dict[str, Any]) -> ViTConfig:
-    """The pretrained config with the data's labels, no pre-logits layer (the ViT paper
-    replaces the whole head when fine-tuning), and the overrides a fine-tuning run may make.
-    Canonicalisation belongs to the new data, not the pretrained model's: none unless the
-    run asks for it (`--canonicalize digit` to fine-tune a digit model on digits)."""
-    values = {**start.config.to_dict(), "canonicalize": "none"}
-    changed = {key: value for key, value in overrides.items()
-               if value is not None and key not in FINE_TUNE_FIELDS and value != values.get(key)}
-    if changed:
-        flags = ", ".join(f"--{key.replace('_', '-')}" for key in sorted(changed))
-        raise UserError(f"--init: {flags} cannot differ from the pretrained model's ({start.source['source']}); "
-                         f"only {', '.join('--' + key.replace('_', '-') for key in FINE_TUNE_FIELDS)} may")
-    values.update({key: value for key, value in overrides.items() if value is not None and key in FINE_TUNE_FIELDS})
-    values.update(labels=labels, num_classes=None, pre_logits=0)
-    return ViTConfig.from_dict(values)
-
-
-def fine_tune_weights(start: Imported, config: ViTConfig) -> dict[str, torch.Tensor]:
-    """The pretrained weights for `config`: body as it is, positions resized (bicubic, on the
-    patch grid; the class token's position kept) when the image size differs, and a new head
-    of zeros for the data's labels (the ViT paper's choice for fine-tuning: the first steps
-    train the head on features that already tell images apart, without disturbing them)."""
-    weights = {name: tensor for name, tensor in start.weights.items()
-               if not name.startswith(("head.", "pre_logits."))}
-    if "pos_embedding" in weights:  # learned positions (fixed sin-cos ones are rebuilt for the grid)
-        weights["pos_embedding"] = resize_positions(weights["pos_embedding"], start.config.grid_size, config.grid_size)
-    width = config.embed_dim
-    weights["head.weight"] = torch.zeros(config.num_classes, width)
-    weights["head.bias"] = torch.zeros(config.num_classes)
-    return weights
-
-
-def resize_positions(positions: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
-    """Patch positions [1, h*w, D] -> [1, H*W, D], bicubic on the grid, antialiased as timm
-    resizes them when fine-tuning at another resolution (the same numbers as timm's
-    resample_abs_pos_embed)."""
-    if tuple(old_grid) == tuple(new_grid):
-        return positions
-    grid = positions.reshape(1, *old_grid, -1).permute(0, 3, 1, 2)  # [1, D, h, w]
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
-    return grid.flatten(2).transpose(1, 2).contiguous()
-
-
-def describe(source: dict[str, Any]) -> str:
-    """'timm vit_tiny_patch16_224.augreg_in21k_ft_in1k from timm/vit_tiny..., licence apache-2.0'."""
-    licence = source.get("license") or "not stated by the source"
-    return f"{source['library']} {source['architecture']} from {source['source']} (licence: {licence})"
-
-
-__all__ = ["Imported", "import_model", "write_model_dir", "load_init", "fine_tune_config", "fine_tune_weights",
-           "resize_positions", "describe"]
+__all__ = ["Imported", "import_model", "write_model_dir", "load_init"]

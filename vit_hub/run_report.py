@@ -1,6 +1,7 @@
 """What a training run tells its user: the start-up lines of the log, the progress bar's
-numbers, where the run happened (for metrics.json and the card), and what the run leaves at
-the end besides the weights (plots, what the model learned, the model card, a summary line).
+numbers, where the run happened (for metrics.json and the card), and what the loop leaves at
+the end besides the weights (the curves, the confusion matrix, a summary line). The model card
+and the views of what the model learned are the run level's (`vit_hub.training_run`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ import torch
 from torch import nn
 
 from . import data as vdata
-from .card import write_model_card
 from .config import ViTConfig, size_text
 from .distributed import Runtime
-from .inspecting import views_after_training
 from .layout import ModelDir
 from .plots import plot_confusion_matrix, plot_curves
 from .schedule import Schedule
@@ -68,17 +67,15 @@ def hardware(runtime: Runtime, amp_dtype: torch.dtype | None) -> dict[str, Any]:
             "precision": f"{str(amp_dtype).removeprefix('torch.')} autocast" if amp_dtype else "fp32"}
 
 
-def write_figures_and_card(out: ModelDir, history: list[dict[str, Any]], results: dict[str, dict[str, Any]],
-                           best: nn.Module, val_set: Any) -> None:
-    """The loss and accuracy curves, the confusion matrix of the final split (test where there
-    is one), what the best model learned, and the model card that shows them."""
+def write_figures(out: ModelDir, history: list[dict[str, Any]], results: dict[str, dict[str, Any]],
+                  labels: list[str]) -> None:
+    """The loss and accuracy curves, and the confusion matrix of the final split (test where
+    there is one) of the best weights' evaluation (`results`, by split)."""
     plot_curves(history, out.curves)
     if results:
         split = "test" if "test" in results else "val"
-        plot_confusion_matrix(results[split]["confusion"], best.config.labels, out.confusion_matrix,
+        plot_confusion_matrix(results[split]["confusion"], labels, out.confusion_matrix,
                               title=f"{split} split, accuracy {results[split]['accuracy']:.4f}")
-    views_after_training(best, out.folder, val_set)
-    write_model_card(out.folder)
 
 
 def print_summary(out: Any, final: dict[str, Any], best_val_accuracy: float, skipped: str | None) -> None:

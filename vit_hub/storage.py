@@ -3,7 +3,7 @@
 Reading: `reading_safetensors(path)` wraps a safetensors read so that a file which is
 missing its data, cut short, unreadable or not safetensors at all (a pickle renamed to
 `model.safetensors`) fails with one line (a `UserError`) saying what was found. Nothing is
-ever unpickled.
+ever unpickled. `count_parameters` sizes a weights file from its header alone.
 
 Writing: `replacing`, `write_text_atomically` and `replace_files` write beside the target,
 flush it to disk and move it in with `os.replace`, so a crash or a kill leaves either the old
@@ -13,12 +13,13 @@ file or the new one (and so does a power cut, once the write has returned).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from .errors import UserError
 
@@ -69,6 +70,15 @@ def reading_safetensors(path: str | Path) -> Iterator[None]:
     except SafetensorError as error:
         raise UserError(f"expected a complete safetensors file at {path}, found a damaged one "
                          f"({error})") from None
+
+
+def count_parameters(weights: Path) -> int | None:
+    """How many numbers a safetensors weights file holds, from its header alone (None when
+    there is no file): the model card's and `vit-hub sweep`'s parameter count."""
+    if not weights.is_file():
+        return None
+    with safe_open(str(weights), framework="numpy") as handle:
+        return sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())
 
 
 @contextlib.contextmanager

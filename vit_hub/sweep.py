@@ -13,7 +13,8 @@ from matplotlib.figure import Figure
 from .errors import UserError
 from .layout import ModelDir
 from .settings import MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free, check_out_outside_data
-from .train import train
+from .storage import count_parameters
+from .training_run import train
 
 TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 
@@ -101,9 +102,7 @@ def _finished(run_dir: Path) -> bool:
 
 
 def _parameter_count(run_dir: Path) -> int:
-    from .card import _count_parameters
-
-    return _count_parameters(ModelDir(run_dir).weights) or 0
+    return count_parameters(ModelDir(run_dir).weights) or 0
 
 
 def _table(results: dict[str, list[dict[str, Any]]]) -> str:

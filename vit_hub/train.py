@@ -1,16 +1,20 @@
-"""Training: from `--data` to a model dir in Hugging Face Hub layout.
+"""The training loop: from `--data` (and, when fine-tuning, pretrained weights) to the
+weights, metrics and plots of a model dir.
 
     settings -> data splits -> config (preset / chosen from the data / flags)
       -> epochs of AdamW with warmup + cosine, label smoothing, gradient clipping
       -> after every epoch: validation, metrics.json, a resumable checkpoint, and the
-         model dir refreshed whenever validation accuracy improves
-      -> at the end: the best weights evaluated on the test split, plots and model card
+         model dir's weights and config refreshed whenever validation accuracy improves
+      -> at the end: the best weights evaluated on the test split, curves, confusion matrix
 
-`train()` is the entry point; `build_trainer()` does the set-up (reads the checkpoint, joins
-the process group, lists the data, chooses the config, builds the model, optimizer and
-loaders) and hands the parts to a `Trainer`, which runs the epochs. The parts live in
-their own modules: settings, schedule, step, loaders, checkpoint, distributed, flops,
-evaluation, run_report.
+`build_trainer()` does the set-up (reads the checkpoint, joins the process group, lists the
+data, chooses the config, builds the model, optimizer and loaders) and hands the parts to a
+`Trainer`, which runs the epochs. The parts live in their own modules: settings, schedule,
+step, loaders, checkpoint, distributed, flops, evaluation, run_report, fine_tune.
+
+Nothing here reads the Hub or writes the model card: `vit_hub.training_run.train()`, what
+`vit-hub train` runs, resolves `--init` to pretrained weights, runs this loop, then writes
+the card and the views of what the model learned.
 
 One process or many: under `torchrun` the same code runs DistributedDataParallel
 (gloo on CPU, nccl on CUDA); `--batch-size` is the global batch either way, and every
@@ -33,19 +37,18 @@ from tqdm.auto import tqdm
 
 from . import data as vdata
 from . import run_report
-from .checkpoint import (Progress, check_resume_flags, load_checkpoint, read_checkpoint_state, resumed_settings,
-                         save_checkpoint)
+from .checkpoint import (Progress, check_resume_flags, load_best_model, load_checkpoint, read_checkpoint_state,
+                         resumed_settings, save_best_model, save_checkpoint)
 from .config import ViTConfig, convstem_fits, preset_fields, suggest_for_data
-from .distributed import Runtime, all_reduce, barrier, from_main, start_runtime, stop_runtime
+from .distributed import Runtime, all_reduce, barrier, from_main, start_runtime
 from .evaluation import evaluate, final_evaluation
 from .flops import flop_rates, run_peak_flops, training_flops
-from .importing import Imported, describe, fine_tune_config, fine_tune_weights, load_init
+from .fine_tune import PretrainedStart, describe, fine_tune_config, fine_tune_weights
 from .layout import ModelDir
 from .loaders import RunLoaders, UnreadableReport, build_loaders
-from .pretrained import VisionTransformer
+from .model import VisionTransformer
 from .schedule import Schedule, plan_schedule
-from .settings import (TrainingError, TrainSettings, check_out_is_a_folder, check_out_is_free, check_out_outside_data,
-                       check_settings)
+from .settings import TrainingError, TrainSettings, check_out_outside_data, check_settings
 from .step import TrainStep, build_step, make_optimizer
 from .storage import write_text_atomically
 
@@ -70,8 +73,9 @@ class Trainer:
     progress: Progress
     unreadable: UnreadableReport
     flops_per_image: float  # one training image, forward and backward
-    start: Imported | None = None  # the pretrained weights a fine-tuning run started from
+    start: PretrainedStart | None = None  # the pretrained weights a fine-tuning run started from
     data_stats: vdata.ImageStats | None = None  # what chose the config, when the data did
+    best_model: VisionTransformer | None = None  # once the run has finished: its best epoch, evaluated
 
     def run(self, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Train to the end, or pause after `stop_after_epochs` more epochs (resumable)."""
@@ -198,7 +202,7 @@ class Trainer:
         improved = self.progress.add(record)
         if self.runtime.is_main:
             if improved:
-                self.model.save_pretrained(self.out.folder)  # the config and weights of the best epoch
+                save_best_model(self.model, self.out)
             self._save_checkpoint()
             self._write_metrics()
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
@@ -224,9 +228,9 @@ class Trainer:
 
     def _finish(self) -> dict[str, Any]:
         """Best weights back in, evaluated on validation and test side by side (a test split
-        far below validation is reported); plots and card written."""
+        far below validation is reported); metrics and plots written, `best_model` set."""
         barrier(self.runtime)  # rank 0 has written the best weights; everyone loads them
-        best = VisionTransformer.from_pretrained(str(self.out.folder)).to(self.runtime.device)
+        best = self.best_model = load_best_model(self.config, self.out, self.runtime.device)
         results = {name: evaluate(best, self.loaders.eval_loader(name), self.runtime.device,
                                   self.config.num_classes, self.runtime)
                    for name in ("val", "test") if name in self.loaders.eval_sets}
@@ -234,8 +238,7 @@ class Trainer:
         final = final_evaluation(results)
         if self.runtime.is_main:
             self._write_metrics(final)
-            run_report.write_figures_and_card(self.out, self.progress.history, results, best,
-                                              self.loaders.eval_sets.get("val"))
+            run_report.write_figures(self.out, self.progress.history, results, self.config.labels)
             run_report.print_summary(self.out.folder, final, self.progress.best_accuracy, self.unreadable.summary())
         return {**self._metrics(), **final}
 
@@ -262,7 +265,7 @@ def build_config(settings: TrainSettings, splits: vdata.DataSplits,
     return ViTConfig.from_dict(values)
 
 
-def _choose_config(settings: TrainSettings, splits: vdata.DataSplits, runtime: Runtime, start: Imported | None,
+def _choose_config(settings: TrainSettings, splits: vdata.DataSplits, runtime: Runtime, start: PretrainedStart | None,
                    state: dict[str, Any] | None) -> tuple[vdata.ImageStats | None, ViTConfig]:
     """The checkpoint's config on resume, the pretrained model's when fine-tuning, else the
     preset's or one chosen from a few hundred (at most 5,000) sampled images, read on rank 0 only."""
@@ -278,25 +281,32 @@ def _choose_config(settings: TrainSettings, splits: vdata.DataSplits, runtime: R
     return from_main(runtime, choose)
 
 
-def _build_model(config: ViTConfig, seed: int, start: Imported | None, device: torch.device) -> VisionTransformer:
+def _build_model(config: ViTConfig, seed: int, start: PretrainedStart | None,
+                 device: torch.device) -> VisionTransformer:
     """The model, its weights seeded (or the pretrained ones placed: strict, every weight)."""
     torch.manual_seed(seed)
-    model = VisionTransformer(**config.to_dict())
+    model = VisionTransformer(config)
     if start is not None:
         model.load_state_dict(fine_tune_weights(start, config))
     return model.to(device)
 
 
-def build_trainer(settings: TrainSettings, resume: bool = False,
-                  resume_flags: dict[str, Any] | None = None) -> Trainer:
+def build_trainer(settings: TrainSettings, resume: bool = False, resume_flags: dict[str, Any] | None = None,
+                  start: PretrainedStart | None = None) -> Trainer:
     """Everything a run needs, in order: the settings (the checkpoint's, with `resume`),
     the process group, the data (listed once, on rank 0), the config, the schedule, the model
-    and optimizer (the checkpoint's tensors put back), the loaders and the step."""
+    and optimizer (the checkpoint's tensors put back), the loaders and the step.
+
+    `start`: the pretrained weights `settings.init` names, for a new run (the caller reads
+    them: `vit_hub.importing.load_init`); a resumed run has its weights in its checkpoint."""
     resume_flags = resume_flags or {}
     out = Path(settings.out)
     state = read_checkpoint_state(out) if resume else None
     if state is not None:
-        settings = resumed_settings(state, resume_flags)
+        settings, start = resumed_settings(state, resume_flags), None
+    elif bool(settings.init) != (start is not None):
+        raise ValueError(f"build_trainer: expected the pretrained weights of --init {settings.init} as `start` "
+                         f"exactly when it is given, got start={'given' if start else None}")
     check_settings(settings)
     check_out_outside_data(out, settings.data)
     runtime = start_runtime(settings.device)
@@ -304,8 +314,6 @@ def build_trainer(settings: TrainSettings, resume: bool = False,
     index = from_main(runtime, lambda: vdata.index_source(settings.data))
     splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split, settings.seed,
                                settings.strict, index=index)
-    # Pretrained weights (--init) are read once, when a run starts; a resumed run has them in its checkpoint.
-    start = load_init(settings.init) if settings.init and state is None else None
     data_stats, config = _choose_config(settings, splits, runtime, start, state)
     schedule = plan_schedule(settings, len(splits.train), runtime.world_size)
     if state is not None:
@@ -323,24 +331,3 @@ def build_trainer(settings: TrainSettings, resume: bool = False,
                       settings.label_smoothing, settings.grad_clip)
     return Trainer(settings, ModelDir(out), runtime, splits, config, schedule, model, step, loaders, progress,
                    UnreadableReport(splits, runtime), flops, start, data_stats)
-
-
-def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int | None = None,
-          overwrite: bool = False, resume_flags: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run training (or continue it with `resume`); returns the metrics written.
-    `stop_after_epochs` pauses the run early with a resumable checkpoint (time-boxed jobs);
-    a new run refuses an --out that holds a model or a run unless `overwrite`, and an --out
-    inside --data always.
-
-    `resume` replays the settings saved in the checkpoint of `settings.out` (its other fields
-    are not read). `resume_flags` are the settings given again with it (TrainSettings field
-    names, `model` holding ViTConfig fields): those in HOW_TO_RUN apply to the rest of the
-    run; any other that differs from the run's own refuses the resume, naming each."""
-    check_out_is_a_folder(Path(settings.out))
-    if not resume and not overwrite:
-        check_out_is_free(Path(settings.out))
-    trainer = build_trainer(settings, resume=resume, resume_flags=resume_flags)
-    try:
-        return trainer.run(stop_after_epochs)
-    finally:
-        stop_runtime(trainer.runtime)
