@@ -1,4 +1,4 @@
-"""Training on folders nobody checked, and runs that are killed (issue 25, items 8 to 11).
+"""Training on folders nobody checked, and runs that are killed.
 
 A data folder may hold links (to `..`, to another class, to a folder outside it); `--out` may
 point inside `--data`; `--resume` may be given flags that would change the run; and a run may
@@ -52,7 +52,7 @@ def assert_each_image_once_under_its_own_class(samples: list[tuple[str, int]], c
     assert [real_class(path) for path, _ in samples] == [classes[label] for _, label in samples]
 
 
-# Item 8: links in a data folder --------------------------------------------------------------
+# Links in a data folder --------------------------------------------------------------------
 LIST_IN_A_CHILD = textwrap.dedent("""
     import json, resource, sys, time
     from pathlib import Path
@@ -73,8 +73,9 @@ LIST_IN_A_CHILD = textwrap.dedent("""
 
 
 def test_two_links_to_the_parent_folder_list_each_image_once_in_bounded_time_and_memory(tmp_path):
-    """Before: the listing never ended (2.1 GB at 90 s). Listed in a child process under a
-    memory limit and a timeout, so a regression fails instead of taking the machine down."""
+    """Two links to `..` make the tree infinite when links are followed blindly. Listed in a
+    child process under a memory limit and a timeout, so a regression fails instead of taking
+    the machine down."""
     root = class_folders(tmp_path / "data")
     for name in ("up", "again"):
         (root / "bright_disc" / name).symlink_to("..")
@@ -90,7 +91,8 @@ def test_two_links_to_the_parent_folder_list_each_image_once_in_bounded_time_and
 
 
 def test_one_link_to_the_parent_folder_neither_multiplies_nor_mislabels_nor_leaks_into_validation(tmp_path):
-    """Before: 12 images listed as 500, one class's images labelled as the other, val 0.98."""
+    """A link to `..` inside a class folder reaches every image again: each must be listed once,
+    under its own class, and never on both sides of the validation split."""
     root = class_folders(tmp_path / "data")
     (root / "bright_disc" / "up").symlink_to("..")
     splits = vdata.load_splits(str(root), val_split=0.25, seed=0)
@@ -175,11 +177,11 @@ def test_a_test_class_that_links_to_the_training_class_is_refused(tmp_path):
                     str(tmp_path / "train" / "bright_disc"))
 
 
-# Item 9: --out inside --data ---------------------------------------------------------------------
+# --out inside --data ---------------------------------------------------------------------------
 @pytest.mark.parametrize("out", ["data/results", "data", "data/bright_disc", "link/results"],
                          ids=["inside", "the folder itself", "a class folder", "inside, through a link"])
 def test_out_inside_data_is_refused_in_one_line_before_anything_is_written(tmp_path, out):
-    """Before: accepted, and the next run gained a class `results` made of the model's plots."""
+    """Accepted, the next run on the folder would read the model's plots as a class `results`."""
     root = class_folders(tmp_path / "data")
     (tmp_path / "link").symlink_to(root)
     before = listing(tmp_path)
@@ -217,7 +219,7 @@ def test_out_beside_data_with_a_similar_name_is_accepted(tmp_path):
     assert code == 0, stderr
 
 
-# Item 10: --resume with flags that would change the run -------------------------------------------
+# --resume with flags that would change the run ---------------------------------------------------
 @pytest.fixture(scope="module")
 def paused_run(tmp_path_factory) -> dict[str, Path]:
     """One epoch of a two-epoch tiny run, paused with a resumable checkpoint."""
@@ -241,7 +243,7 @@ def paused(paused_run, tmp_path) -> dict[str, Path]:
 
 
 def test_resume_refuses_flags_that_would_change_the_run_naming_each(paused, tmp_path):
-    """Before: --epochs, --embed-dim and --data were silently ignored."""
+    """Flags that would change a resumed run are refused, not silently ignored."""
     other = class_folders(tmp_path / "other")
     before = listing(paused["out"])
     code, stderr = run_vit_hub("train", "--resume", "--out", paused["out"], "--epochs", "5", "--embed-dim", "32",
@@ -273,7 +275,7 @@ def test_resume_accepts_the_checkpoint_s_own_values_and_applies_how_to_run_flags
     assert settings["data"] == str(paused["data"])  # the run's own spelling is kept
 
 
-# Item 11: a training run SIGKILLed anywhere resumes to the same result ----------------------------
+# A training run SIGKILLed anywhere resumes to the same result -------------------------------------
 # sitecustomize of the killed `vit-hub train` processes: at the point named by KILL_AT the run
 # writes KILL_MARK and sleeps, and the test kills it there. The weights and checkpoint writes
 # are paused half-way through the file, as a kill in the middle of the write leaves it.
