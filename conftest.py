@@ -44,11 +44,13 @@ def readme_app(readme_cwd, monkeypatch, tmp_path):
     import gradio_client
     import torch
 
-    import app
+    from vit_hub.demo.backends import TorchPredictor
+    from vit_hub.demo.page import build_demo, serve
+    from vit_hub.demo.server import DEFAULT_MODEL
 
     threads = torch.get_num_threads()
-    demo = app.build_demo(app.TorchPredictor.load(app.DEFAULT_MODEL))
-    _, url, _ = app.serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
+    demo = build_demo(TorchPredictor.load(DEFAULT_MODEL))
+    _, url, _ = serve(demo, port=_free_port(), prevent_thread_lock=True, quiet=True)
     calls = []
 
     class ServedClient(gradio_client.Client):

@@ -18,7 +18,8 @@ from conftest import digit_on_paper, free_port
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from vit_hub.demo import backends, page
+from vit_hub.demo.backends import TorchPredictor
+from vit_hub.demo.page import build_demo, serve
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -37,8 +38,8 @@ pytestmark = pytest.mark.browser  # make test installs chromium; make test-fast 
 def url():
     assert CHROMIUM.exists(), "needs Debian chromium (make test installs it: apt-get install -y chromium)"
     assert (MODEL_DIR / "model.safetensors").is_file(), f"the bundled model {MODEL_DIR} is missing"
-    demo = page.build_demo(backends.TorchPredictor.load(MODEL_DIR, threads=None))
-    _, local_url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo = build_demo(TorchPredictor.load(MODEL_DIR, threads=None))
+    _, local_url, _ = serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     yield local_url
     demo.close()
 

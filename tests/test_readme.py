@@ -396,3 +396,28 @@ def test_the_apps_temporary_onnx_export_is_removed_on_sigterm(tmp_path):
     exported = Path(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
     assert exported.name.startswith("vit_hub_onnx_") and not exported.exists()
+
+
+# Every module is in a file table ------------------------------------------------------------
+def table_rows() -> str:
+    return "\n".join(line for page in PAGES for line in page.read_text().splitlines() if line.startswith("|"))
+
+
+MODULES = sorted(path.relative_to(REPO).as_posix() for folder in ("vit_hub", "export")
+                 for path in (REPO / folder).rglob("*.py") if path.stem not in ("__init__", "__main__"))
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_module_has_a_row_in_a_file_table(module):
+    """A reader finds each file from the README's pages: vit_hub's in a table by its path,
+    export/'s in docs/export.md's table by its name."""
+    rows = table_rows()
+    if module.startswith("export/"):
+        assert f"| `{Path(module).name}` |" in (REPO / "docs" / "export.md").read_text(), module
+    else:
+        assert f"[`{module}`](../{module})" in rows or f"[`{module}`]({module})" in rows, module
+
+
+def test_the_file_table_check_finds_a_missing_module():
+    assert len(MODULES) > 40 and "vit_hub/demo/page.py" in MODULES and "export/runtime.py" in MODULES
+    assert "[`vit_hub/nothing.py`](../vit_hub/nothing.py)" not in table_rows()
