@@ -455,3 +455,17 @@ def test_round_trip_push_mirror_pull_in_a_fresh_process(olah, source_dir, monkey
     app = {"app_matches": True} if (ROOT / "app.py").is_file() else {}
     for repo_id in (REPO, "org/round-trip"):
         assert results[repo_id] == {"from_pretrained": expected, "pulled": expected, **app}
+
+
+def test_the_bundled_models_card_is_the_one_card_py_writes(monkeypatch):
+    """models/vit-mnist/README.md is a sealed vit_hub card, as rendered from its folder today (its
+    snippets name the folder as the README does, from the checkout): an edit by hand, or a rename
+    done with sed, breaks the seal, and a push would then upload it as a hand-written card
+    instead of regenerating it for the repo."""
+    from vit_hub.card import render_card_text
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    bundled = Path("models") / "vit-mnist"
+    text = (bundled / "README.md").read_text()
+    assert is_generated_card(text)
+    assert text == render_card_text(bundled)
