@@ -48,7 +48,8 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 from gradio_client import Client, handle_file  # noqa: E402
 
-from vit_hub.demo import backends, methods, page, pictures, server, uploads  # noqa: E402
+from vit_hub.demo import backends, methods, pictures, uploads  # noqa: E402
+from vit_hub.demo.server import DEFAULT_MODEL  # noqa: E402
 from vit_hub.preprocess import model_pixels, to_model_domain  # noqa: E402
 from vit_hub.rollout import layer_rollouts  # noqa: E402
 
@@ -80,7 +81,7 @@ page.serve(demo, port=int(sys.argv[1]))
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(server.DEFAULT_MODEL))
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--backends", nargs="+", default=["torch", "onnx"], choices=["torch", "onnx"])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)

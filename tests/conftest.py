@@ -195,3 +195,49 @@ def run_app_main(*argv) -> str:
         server.main([str(arg) for arg in argv])
     assert exit_.value.code not in (0, None)
     return err.getvalue() or str(exit_.value.code)
+
+
+# The app over raw HTTP, as any client can call it ----------------------------------------------
+BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "models" / "vit-mnist"
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The app on the bundled model, served in this process on a free port: its URL."""
+    import torch
+
+    from vit_hub.demo.backends import TorchPredictor
+    from vit_hub.demo.page import build_demo, serve
+
+    threads = torch.get_num_threads()
+    demo = build_demo(TorchPredictor.load(BUNDLED_MODEL))
+    _, url, _ = serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield url
+    demo.close()
+    torch.set_num_threads(threads)
+
+
+def call(url: str, endpoint: str, data: list) -> tuple[str, object]:
+    """POST /gradio_api/call/ENDPOINT, then read its event stream: (last event, its data)."""
+    import httpx
+
+    response = httpx.post(f"{url}gradio_api/call/{endpoint}", json={"data": data}, timeout=120)
+    response.raise_for_status()
+    stream = httpx.get(f"{url}gradio_api/call/{endpoint}/{response.json()['event_id']}", timeout=120).text
+    event, payload = re.findall(r"^event: (\w+)\ndata: (.*)$", stream, re.MULTILINE)[-1]
+    return event, json.loads(payload)
+
+
+def upload(url: str, path: Path) -> str:
+    """Upload a file the way the page does; returns its path on the server."""
+    import httpx
+
+    with open(path, "rb") as handle:
+        response = httpx.post(f"{url}gradio_api/upload", files={"files": (path.name, handle)}, timeout=60)
+    response.raise_for_status()
+    return response.json()[0]
+
+
+def file_data(path: str, **extra) -> dict:
+    """The file data a request sends for a file on the server (marked as Gradio's own)."""
+    return {"path": path, "meta": {"_type": "gradio.FileData"}, **extra}

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import pickle
-import re
 import shutil
 import signal
 import socket
@@ -29,14 +28,15 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_TRAIN_FLAGS, assert_one_line, free_port, run_app_main, tiny_config, write_class_folders
+from conftest import (TINY_TRAIN_FLAGS, assert_one_line, call, file_data, free_port, run_app_main, tiny_config,
+                      upload, write_class_folders)
 from PIL import Image, ImageFile
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from vit_hub.demo import backends, page, uploads  # noqa: E402
+from vit_hub.demo import uploads  # noqa: E402
 from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: E402
 from vit_hub.export.__main__ import main as export_main  # noqa: E402
 import vit_hub  # noqa: E402
@@ -479,41 +479,9 @@ def test_app_on_a_port_in_use_is_one_line():
 
 
 # The app over raw HTTP ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server():
-    threads = torch.get_num_threads()
-    demo = page.build_demo(backends.TorchPredictor.load(BUNDLED_MODEL))
-    _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield url
-    demo.close()
-    torch.set_num_threads(threads)
-
-
-def call(url: str, endpoint: str, data: list) -> tuple[str, object]:
-    """POST /gradio_api/call/ENDPOINT as any HTTP client can, then read its event stream:
-    (last event, its data)."""
-    response = httpx.post(f"{url}gradio_api/call/{endpoint}", json={"data": data}, timeout=60)
-    response.raise_for_status()
-    stream = httpx.get(f"{url}gradio_api/call/{endpoint}/{response.json()['event_id']}", timeout=60).text
-    event, payload = re.findall(r"^event: (\w+)\ndata: (.*)$", stream, re.MULTILINE)[-1]
-    return event, json.loads(payload)
-
-
 # The controls after the image: head fusion, discard ratio, top-k and the explanation method.
 # Plain HTTP calls give every input (gradio_client fills the method's default itself).
 CONTROLS = ("mean", 0.0, 3, "rollout")
-
-
-def upload(url: str, path: Path) -> str:
-    """Upload a file the way the page does; returns its path on the server."""
-    with open(path, "rb") as handle:
-        response = httpx.post(f"{url}gradio_api/upload", files={"files": (path.name, handle)}, timeout=60)
-    response.raise_for_status()
-    return response.json()[0]
-
-
-def file_data(path: str, **extra) -> dict:
-    return {"path": path, "meta": {"_type": "gradio.FileData"}, **extra}
 
 
 def assert_still_serving(url: str) -> None:

@@ -9,7 +9,6 @@ leaves the tree clean).
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest

@@ -460,10 +460,10 @@ def test_checkpoints_with_the_sequential_mlp_names_still_load(tmp_path):
 
 def test_upgrade_state_dict_renames_the_sequential_mlp_layers_only():
     names = {"blocks.0.mlp.0.weight": 1, "blocks.11.mlp.3.bias": 2, "blocks.0.mlp_norm.weight": 3,
-             "blocks.0.attention.to_out.0.weight": 4, "blocks.0.mlp.fc1.weight": 5, "head.weight": 6}
+             "blocks.0.attention.to_out.0.weight": 4, "blocks.1.mlp.fc1.weight": 5, "head.weight": 6}
     assert upgrade_state_dict(names) == {
         "blocks.0.mlp.fc1.weight": 1, "blocks.11.mlp.fc2.bias": 2, "blocks.0.mlp_norm.weight": 3,
-        "blocks.0.attention.to_out.0.weight": 4, "blocks.0.mlp.fc1.weight": 5, "head.weight": 6}
+        "blocks.0.attention.to_out.0.weight": 4, "blocks.1.mlp.fc1.weight": 5, "head.weight": 6}
     assert upgrade_state_dict({"module.blocks.2.mlp.3.weight": 0}, prefix="module.") == {
         "module.blocks.2.mlp.fc2.weight": 0}
     assert upgrade_state_dict({"blocks.2.mlp.3.weight": 0}, prefix="module.") == {"blocks.2.mlp.3.weight": 0}

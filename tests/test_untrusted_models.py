@@ -87,6 +87,18 @@ def with_weights(source: Path, folder: Path, change) -> Path:
     return folder
 
 
+def assert_refused_by_python_cli_and_app(model_dir: Path, message: str, loads=(load_model,)) -> None:
+    """Each of `loads`, `vit-hub predict` and app.py refuse the model dir in one line with `message`."""
+    for load in loads:
+        with pytest.raises(ValueError) as error:
+            load(model_dir)
+        assert_one_line(str(error.value), message)
+    code, stderr = run_vit_hub("predict", "--model", model_dir, SAMPLE)
+    assert code == 2
+    assert_one_line(stderr, message)
+    assert_one_line(run_app_main("--model", model_dir, "--port", free_port()), "cannot load --model", message)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A tiny model dir (16x16 RGB, two blocks of width 16): about 19 KB of weights."""
@@ -208,20 +220,24 @@ def test_every_entry_point_refuses_a_config_that_does_not_fit_the_weights(model_
     assert not (tmp_path / "onnx").exists()
 
 
+@pytest.fixture
+def never_built(monkeypatch):
+    """Building a model fails the test: weights must be checked before any model exists."""
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built before its weights were checked")
+
+    monkeypatch.setattr(VisionTransformer, "__init__", built)
+
+
 @pytest.mark.parametrize("change, fragment", [
     (lambda tensors: tensors.pop("head.bias"), "found missing ['head.bias'], unexpected []"),
     (lambda tensors: tensors.update(extra=torch.zeros(3)), "found missing [], unexpected ['extra']"),
     (lambda tensors: tensors.update({"head.weight": torch.zeros(5, 16)}),
      "expected head.weight of shape [2, 16], found [5, 16]"),
 ], ids=["missing", "unexpected", "other-shape"])
-def test_weights_that_do_not_fit_the_config_are_refused_before_the_model_is_built(model_dir, tmp_path, monkeypatch,
-                                                                                   change, fragment):
+def test_weights_that_do_not_fit_the_config_are_refused_before_the_model_is_built(model_dir, tmp_path,
+                                                                                   never_built, change, fragment):
     hostile = with_weights(model_dir, tmp_path / "hostile", change)
-
-    def built(*args, **kwargs):
-        raise AssertionError("the model was built before its weights were checked")
-
-    monkeypatch.setattr(VisionTransformer, "__init__", built)
     with pytest.raises(ValueError) as error:
         load_model(hostile)
     assert_one_line(str(error.value), "do not match the config", fragment)
@@ -247,14 +263,7 @@ def test_non_finite_weights_are_refused_naming_the_tensor(model_dir, tmp_path, v
         tensors["blocks.1.mlp.fc1.weight"][3, 2] = value
 
     hostile = with_weights(model_dir, tmp_path / "hostile", poison)
-    message = f"expected finite numbers, found {found} in blocks.1.mlp.fc1.weight"
-    with pytest.raises(ValueError) as error:
-        load_model(hostile)
-    assert_one_line(str(error.value), message)
-    code, stderr = run_vit_hub("predict", "--model", hostile, SAMPLE)
-    assert code == 2
-    assert_one_line(stderr, message)
-    assert_one_line(run_app_main("--model", hostile, "--port", free_port()), "cannot load --model", message)
+    assert_refused_by_python_cli_and_app(hostile, f"expected finite numbers, found {found} in blocks.1.mlp.fc1.weight")
 
 
 # Every config field type-checked; faithfulness.json ------------------------------------------
@@ -280,14 +289,8 @@ def test_a_config_field_of_the_wrong_type_is_one_line_everywhere(model_dir, tmp_
         (hostile / "config.json").write_text(deeply_nested(100_000))
     else:
         hostile = with_config(model_dir, tmp_path / "hostile", **changes)
-    for load in (load_model, lambda folder: VisionTransformer.from_pretrained(str(folder))):
-        with pytest.raises(ValueError) as error:
-            load(hostile)
-        assert_one_line(str(error.value), message)
-    code, stderr = run_vit_hub("predict", "--model", hostile, SAMPLE)
-    assert code == 2
-    assert_one_line(stderr, message)
-    assert_one_line(run_app_main("--model", hostile, "--port", free_port()), "cannot load --model", message)
+    assert_refused_by_python_cli_and_app(hostile, message,
+                                         (load_model, lambda folder: VisionTransformer.from_pretrained(str(folder))))
 
 
 @pytest.mark.parametrize("content", [
@@ -460,14 +463,9 @@ def nan_position(tensors):
                        "[32, 16], found [24, 16]"),
     (nan_position, "the converted weights: expected finite numbers, found NaN in pos_embedding"),
 ], ids=["layer-missing", "inconsistent-layers", "nan"])
-def test_import_refuses_weights_that_do_not_make_the_model_in_one_line(transformers_dir, tmp_path, monkeypatch,
+def test_import_refuses_weights_that_do_not_make_the_model_in_one_line(transformers_dir, tmp_path, never_built,
                                                                        change, fragment):
     source = with_weights(transformers_dir, tmp_path / "source", change)
-
-    def built(*args, **kwargs):
-        raise AssertionError("the model was built before the converted weights were checked")
-
-    monkeypatch.setattr(VisionTransformer, "__init__", built)
     code, stderr = run_vit_hub("import", source, "--out", tmp_path / "out")
     assert code == 2
     assert_one_line(stderr, fragment)

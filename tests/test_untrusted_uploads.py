@@ -11,7 +11,6 @@ by row (kilobytes on disk).
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import re
 import struct
@@ -22,8 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
-from conftest import assert_one_line, free_port
+from conftest import BUNDLED_MODEL, assert_one_line, call, file_data, free_port, upload
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,10 +29,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from vit_hub.demo import backends, page, uploads
+from vit_hub.demo import uploads  # noqa: E402
 from vit_hub.preprocess import MAX_PIXELS, pixel_limit  # noqa: E402
 
-BUNDLED_MODEL = ROOT / "models" / "vit-mnist"
 SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"
 CONTROLS = ("mean", 0.0, 3, "rollout")  # head fusion, discard ratio, top-k, method
 
@@ -62,41 +59,16 @@ def digit_rgba(path: Path, side: int) -> Path:
     return path
 
 
-
-
-
 # Through a server in this process --------------------------------------------------------
-@pytest.fixture(scope="module")
-def server():
-    threads = torch.get_num_threads()
-    demo = page.build_demo(backends.TorchPredictor.load(BUNDLED_MODEL))
-    _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
-    yield url
-    demo.close()
-    torch.set_num_threads(threads)
-
-
-def upload(url: str, path: Path) -> dict:
-    """Upload a file as the page does; returns the file data a request sends."""
-    with open(path, "rb") as handle:
-        response = httpx.post(f"{url}gradio_api/upload", files={"files": (path.name, handle)}, timeout=60)
-    response.raise_for_status()
-    return {"path": response.json()[0], "orig_name": path.name, "meta": {"_type": "gradio.FileData"}}
-
-
-def call(url: str, endpoint: str, data: list) -> tuple[str, object]:
-    """POST /gradio_api/call/ENDPOINT, then read its event stream: (last event, its data)."""
-    response = httpx.post(f"{url}gradio_api/call/{endpoint}", json={"data": data}, timeout=120)
-    response.raise_for_status()
-    stream = httpx.get(f"{url}gradio_api/call/{endpoint}/{response.json()['event_id']}", timeout=120).text
-    event, payload = re.findall(r"^event: (\w+)\ndata: (.*)$", stream, re.MULTILINE)[-1]
-    return event, json.loads(payload)
+def uploaded(url: str, path: Path) -> dict:
+    """Upload a file as the page does; returns the file data a request sends for it."""
+    return file_data(upload(url, path), orig_name=path.name)
 
 
 def assert_refused(url: str, event: str, data, *fragments: str) -> None:
     assert event == "error", data
     assert_one_line(data["error"], *fragments)
-    event, data = call(url, "predict", [upload(url, SAMPLE), *CONTROLS])  # still serving
+    event, data = call(url, "predict", [uploaded(url, SAMPLE), *CONTROLS])  # still serving
     assert event == "complete" and data[0]["label"] == "7", data
 
 
@@ -112,7 +84,7 @@ def hostile(tmp_path_factory) -> dict[str, Path]:
 def test_each_part_of_a_drawing_is_checked_before_gradio_decodes_it(server, hostile, part):
     """Gradio decodes the sketchpad's images before the handler runs: a 13000x13000 composite
     cost +760 MB a request. Now each is refused from its header, by the app's limit."""
-    fine, huge = upload(server, SAMPLE), upload(server, hostile["13000x13000 composite"])
+    fine, huge = uploaded(server, SAMPLE), uploaded(server, hostile["13000x13000 composite"])
     drawing = {"background": fine, "layers": [fine], "composite": fine}
     drawing[part] = [huge] if part == "layers" else huge
     event, data = call(server, "explain_drawing", [drawing, *CONTROLS])
@@ -123,7 +95,7 @@ def test_each_part_of_a_drawing_is_checked_before_gradio_decodes_it(server, host
 @pytest.mark.parametrize("endpoint", ["predict", "predict_labels", "explain"])
 def test_uploads_over_the_apps_limit_are_refused_from_the_header(server, hostile, endpoint):
     controls = (3,) if endpoint == "predict_labels" else CONTROLS
-    event, data = call(server, endpoint, [upload(server, hostile["20 megapixels"]), *controls])
+    event, data = call(server, endpoint, [uploaded(server, hostile["20 megapixels"]), *controls])
     assert uploads.APP_MAX_PIXELS < 20_000_000 < MAX_PIXELS
     assert_refused(server, event, data, f"twenty.png is too large: expected {pixel_limit(uploads.APP_MAX_PIXELS)}",
                    "found 5000x4000")
@@ -175,15 +147,15 @@ def test_100_hostile_requests_50_at_a_time_keep_memory_bounded_and_give_it_back(
         assert server.stdout.readline().strip() == "ready"
         url = f"http://127.0.0.1:{port}/"
         largest_accepted = digit_rgba(tmp_path / "accepted.png", int(uploads.APP_MAX_PIXELS ** 0.5))
-        assert call(url, "predict", [upload(url, largest_accepted), *CONTROLS])[0] == "complete"  # warm
+        assert call(url, "predict", [uploaded(url, largest_accepted), *CONTROLS])[0] == "complete"  # warm
         start, _ = rss_mb(server.pid)
 
         def request(index: int) -> str:
             if index % 10 == 0:  # 10 images as large as the app accepts
-                return call(url, "predict", [upload(url, largest_accepted), *CONTROLS])[0]
+                return call(url, "predict", [uploaded(url, largest_accepted), *CONTROLS])[0]
             if index % 2:  # 45 of the issue's 64 MP RGBA PNGs
-                return call(url, "predict", [upload(url, hostile["64 megapixel RGBA"]), *CONTROLS])[0]
-            huge = upload(url, hostile["13000x13000 composite"])  # 45 drawings of 169 MP
+                return call(url, "predict", [uploaded(url, hostile["64 megapixel RGBA"]), *CONTROLS])[0]
+            huge = uploaded(url, hostile["13000x13000 composite"])  # 45 drawings of 169 MP
             return call(url, "explain_drawing", [{"background": None, "layers": [], "composite": huge}, *CONTROLS])[0]
 
         with concurrent.futures.ThreadPoolExecutor(50) as pool:
