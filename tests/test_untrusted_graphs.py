@@ -318,8 +318,15 @@ def test_a_graph_without_the_tie_is_refused(model_dir, tmp_path):
 
 # Killed exports -------------------------------------------------------------------------------
 def staged(folder: Path) -> list[str]:
-    """What the running export has written so far in its staging folder."""
-    return sorted(path.name for path in folder.glob(".export-*/*"))
+    """What the running export has written so far in its staging folder. A staging folder can vanish
+    while it is listed (the export finished, or it cleared a killed run's folder): that lists nothing."""
+    names = []
+    for stage in folder.glob(".export-*"):
+        try:
+            names += [path.name for path in stage.iterdir()]
+        except FileNotFoundError:
+            pass
+    return sorted(names)
 
 
 KILL_POINTS = {
