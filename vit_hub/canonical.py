@@ -185,11 +185,13 @@ def _without_ruled_lines(ink: np.ndarray) -> np.ndarray:
     ruled line, the paper's edge or its shadow), unless nothing else is left: a digit is
     photographed inside the frame."""
     labels, count = ndimage.label(ink > 0, structure=np.ones((3, 3)))
-    ruled = np.zeros(count + 1, dtype=bool)
-    for piece, (rows, cols) in enumerate(ndimage.find_objects(labels), start=1):
-        across = cols.stop - cols.start == ink.shape[1] and rows.stop - rows.start < RULED_LINE_SHARE * ink.shape[0]
-        down = rows.stop - rows.start == ink.shape[0] and cols.stop - cols.start < RULED_LINE_SHARE * ink.shape[1]
-        ruled[piece] = across or down
+    pieces = np.arange(1, count + 1)
+    rows, cols = np.indices(ink.shape)
+    height = ndimage.maximum(rows, labels, pieces) - ndimage.minimum(rows, labels, pieces) + 1  # [count]
+    width = ndimage.maximum(cols, labels, pieces) - ndimage.minimum(cols, labels, pieces) + 1
+    across = (width == ink.shape[1]) & (height < RULED_LINE_SHARE * ink.shape[0])
+    down = (height == ink.shape[0]) & (width < RULED_LINE_SHARE * ink.shape[1])
+    ruled = np.concatenate([[False], across | down])
     if ruled[1:].all() or not ruled.any():
         return ink
     return np.where(ruled[labels], 0.0, ink)
