@@ -15,16 +15,21 @@ Every image is scored four ways:
   onnx    the same on the ONNX backend (the model dir's ONNX graphs);
   sketch  /explain_drawing of the torch app, the image sent as the sketchpad's value (its
           background and composite), as if it had been drawn there;
-  cnn     small_cnn, the reference a practitioner would try: two conv layers with pooling and
-          a linear head, trained here (seeded, on the CPU) on the bundled MNIST training split
-          canonicalised as the ViT's config says (`to_model_domain`, `model_pixels`), and fed
-          each dev image through `vit_hub.preprocess.preprocess`, the pipeline /predict uses.
+  cnn       small_cnn, the reference a practitioner would try first: two conv layers with
+            pooling and a linear head;
+  resnet18  torchvision's ResNet-18 from scratch, its first convolution taking the config's
+            channels (bench only, never used by vit_hub);
+            both trained here (seeded, on the CPU, the same recipe) on the bundled MNIST training
+            split canonicalised as the ViT's config says (`to_model_domain`, `model_pixels`),
+            and fed each dev image through `vit_hub.preprocess.preprocess`, the pipeline
+            /predict uses.
 A refusal (the app's gr.Error, such as "blank image", or a ValueError of preprocess) counts
 as wrong and is also counted as refused. Printed: a Markdown table per writer with totals
-per group, the CNN's MNIST test accuracy, and the images the ViT (torch /predict) gets wrong
-that the CNN gets right and the reverse, with both predictions. `--json` writes per-image
-records. The CNN's weights are cached in `--cache` under a name hashing the recipe and the
-canonical pixels of 256 MNIST digits, so a re-run with the same canonicalisation only scores.
+per group, each reference's MNIST test accuracy, and the images the ViT (torch /predict) gets
+wrong that a reference gets right and the reverse, with both predictions. `--json` writes
+per-image records. The references' weights are cached in `--cache` under names hashing the
+recipe and the canonical pixels of 256 MNIST digits, so a re-run with the same
+canonicalisation only scores.
 """
 
 from __future__ import annotations
@@ -59,12 +64,13 @@ from vit_hub.preprocess import model_pixels, preprocess, to_model_domain  # noqa
 from vit_hub.storage import replacing  # noqa: E402
 
 GROUPS = ("photo", "painted")
-ROUTES = {"torch": "ViT /predict torch", "onnx": "ViT /predict ONNX", "sketch": "ViT sketchpad", "cnn": "CNN"}
+ROUTES = {"torch": "ViT /predict torch", "onnx": "ViT /predict ONNX", "sketch": "ViT sketchpad", "cnn": "CNN",
+          "resnet18": "ResNet-18"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 WRITER_MARK = "__"  # <owner>+<name>__<file>
 LAYOUT = "<group>/<label>/<owner>+<name>__<file>"
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "vit_hub_real_uploads"
-FINGERPRINT_DIGITS = 256  # MNIST training digits whose canonical pixels name the CNN's cache file
+FINGERPRINT_DIGITS = 256  # MNIST training digits whose canonical pixels name a reference's cache file
 CANONICAL_WORKERS = 2
 CANONICAL_CHUNK = 2000  # MNIST digits per task sent to a worker
 BATCH = 128
@@ -155,7 +161,7 @@ def score_through_app(images: list[DevImage], model: str) -> dict[str, list[Answ
     return answers
 
 
-# The reference CNN -------------------------------------------------------------------------
+# The references ----------------------------------------------------------------------------
 def small_cnn(config: ViTConfig) -> nn.Sequential:
     """LeNet-like, for the config's input and labels: a 5x5 and a 3x3 convolution (32 and 64
     channels), each followed by ReLU and 2x2 max pooling, then one linear layer (51k weights at
@@ -168,21 +174,33 @@ def small_cnn(config: ViTConfig) -> nn.Sequential:
     )
 
 
+def resnet18(config: ViTConfig) -> nn.Module:
+    """torchvision's ResNet-18, untrained, for the config's channels and labels (11.2M weights)."""
+    from torchvision.models import resnet18 as torchvision_resnet18
+
+    net = torchvision_resnet18(weights=None, num_classes=config.num_classes)
+    net.conv1 = nn.Conv2d(config.in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return net
+
+
+REFERENCES = {"cnn": small_cnn, "resnet18": resnet18}  # route -> the net, built for a config
+
+
 def pixels_fingerprint(split, config: ViTConfig) -> str:
     """SHA-256 of FINGERPRINT_DIGITS digits of `split`, spread over it, as the config's pipeline
-    feeds them: what the CNN learns from changes only if this changes (the canonicalisation's
+    feeds them: what a reference learns from changes only if this changes (the canonicalisation's
     code or the config's size, mode, mean or std), whatever else is edited around them."""
     step = len(split) // FINGERPRINT_DIGITS
     digits = np.stack([np.asarray(split[index][0]) for index in range(0, step * FINGERPRINT_DIGITS, step)])
     return hashlib.sha256(_canonical_chunk(digits, config).tobytes()).hexdigest()
 
 
-def cache_file(cache: Path, config: ViTConfig, fingerprint: str, epochs: int, seed: int) -> Path:
-    """Where the CNN trained by this recipe on pixels with this fingerprint is kept."""
-    recipe = {"net": repr(small_cnn(config)), "pixels": fingerprint, "epochs": epochs, "seed": seed,
+def cache_file(cache: Path, name: str, config: ViTConfig, fingerprint: str, epochs: int, seed: int) -> Path:
+    """Where the reference `name` trained by this recipe on pixels with this fingerprint is kept."""
+    recipe = {"net": repr(REFERENCES[name](config)), "pixels": fingerprint, "epochs": epochs, "seed": seed,
               "batch": BATCH, "learning_rate": LEARNING_RATE, "weight_decay": WEIGHT_DECAY}
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-    return cache / f"small_cnn_{digest}.safetensors"
+    return cache / f"{name}_{digest}.safetensors"
 
 
 def _canonical_chunk(digits: np.ndarray, config: ViTConfig) -> np.ndarray:
@@ -200,65 +218,73 @@ def canonical_split(split, config: ViTConfig) -> tuple[np.ndarray, np.ndarray]:
     return pixels, np.asarray(split.targets, dtype=np.int64)
 
 
-def train_cnn(config: ViTConfig, pixels: np.ndarray, labels: np.ndarray, epochs: int, seed: int) -> nn.Sequential:
+def train_reference(name: str, config: ViTConfig, pixels: np.ndarray, labels: np.ndarray, epochs: int,
+                    seed: int) -> nn.Module:
     """AdamW with a one-cycle schedule, cross entropy, batches of BATCH, seeded."""
     torch.manual_seed(seed)
-    cnn = small_cnn(config).train()
+    net = REFERENCES[name](config).train()
     inputs, targets = torch.from_numpy(pixels), torch.from_numpy(labels)
     order = torch.Generator().manual_seed(seed)
     steps = epochs * math.ceil(len(inputs) / BATCH)
-    optimizer = torch.optim.AdamW(cnn.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, LEARNING_RATE, total_steps=steps)
     for epoch in range(epochs):
         started = time.perf_counter()
         for batch in torch.randperm(len(inputs), generator=order).split(BATCH):
             optimizer.zero_grad()
-            F.cross_entropy(cnn(inputs[batch]), targets[batch]).backward()
+            F.cross_entropy(net(inputs[batch]), targets[batch]).backward()
             optimizer.step()
             schedule.step()
-        print(f"CNN epoch {epoch + 1}/{epochs}: {time.perf_counter() - started:.0f} s", flush=True)
-    return cnn.eval()
+        print(f"{ROUTES[name]} epoch {epoch + 1}/{epochs}: {time.perf_counter() - started:.0f} s", flush=True)
+    return net.eval()
 
 
-def probabilities(cnn: nn.Module, pixels: np.ndarray) -> np.ndarray:
+def probabilities(net: nn.Module, pixels: np.ndarray) -> np.ndarray:
     """float32 [N, C, H, W] -> [N, classes]."""
     with torch.inference_mode():
         batches = np.array_split(pixels, max(1, len(pixels) // EVAL_BATCH))
-        logits = [cnn(torch.from_numpy(batch)).numpy() for batch in batches]
+        logits = [net(torch.from_numpy(batch)).numpy() for batch in batches]
     return softmax(np.concatenate(logits))
 
 
-def reference_cnn(config: ViTConfig, cache: Path, epochs: int, seed: int) -> tuple[nn.Sequential, float]:
-    """(the CNN, its MNIST test accuracy), from the cache or trained and cached."""
+def references(config: ViTConfig, cache: Path, epochs: int, seed: int) -> dict[str, tuple[nn.Module, float]]:
+    """route -> (the reference, its MNIST test accuracy), each from the cache or trained and
+    cached; MNIST is canonicalised once, and only if a reference has to be trained."""
     from safetensors.torch import load_file, safe_open, save_file
 
     from vit_hub.data import load_splits
 
     splits = load_splits("mnist", val_split=0.0)
-    path = cache_file(cache, config, pixels_fingerprint(splits.train, config), epochs, seed)
-    cnn = small_cnn(config).eval()
-    if path.is_file():
-        cnn.load_state_dict(load_file(path))
-        with safe_open(path, "pt") as weights:
-            accuracy = float(weights.metadata()["mnist_test_accuracy"])
-        print(f"CNN: cached {path.name} (MNIST test {accuracy:.4f})")
-        return cnn, accuracy
-    started = time.perf_counter()
-    (train_pixels, train_labels), (test_pixels, test_labels) = (canonical_split(split, config)
-                                                                for split in (splits.train, splits.test))
-    print(f"MNIST canonicalised ({len(train_labels)} + {len(test_labels)} digits): "
-          f"{time.perf_counter() - started:.0f} s", flush=True)
-    cnn = train_cnn(config, train_pixels, train_labels, epochs, seed)
-    accuracy = float((probabilities(cnn, test_pixels).argmax(1) == test_labels).mean())
-    cache.mkdir(parents=True, exist_ok=True)
-    with replacing(path) as partial_file:
-        save_file(cnn.state_dict(), str(partial_file), metadata={"mnist_test_accuracy": repr(accuracy)})
-    print(f"CNN: MNIST test {accuracy:.4f}, cached as {path}")
-    return cnn, accuracy
+    fingerprint = pixels_fingerprint(splits.train, config)
+    canonical = {}
+    found = {}
+    for name in REFERENCES:
+        path = cache_file(cache, name, config, fingerprint, epochs, seed)
+        net = REFERENCES[name](config).eval()
+        if path.is_file():
+            net.load_state_dict(load_file(path))
+            with safe_open(path, "pt") as weights:
+                found[name] = net, float(weights.metadata()["mnist_test_accuracy"])
+            print(f"{ROUTES[name]}: cached {path.name} (MNIST test {found[name][1]:.4f})")
+            continue
+        if not canonical:
+            started = time.perf_counter()
+            canonical = {"train": canonical_split(splits.train, config), "test": canonical_split(splits.test, config)}
+            print(f"MNIST canonicalised ({len(splits.train)} + {len(splits.test)} digits): "
+                  f"{time.perf_counter() - started:.0f} s", flush=True)
+        net = train_reference(name, config, *canonical["train"], epochs, seed)
+        test_pixels, test_labels = canonical["test"]
+        accuracy = float((probabilities(net, test_pixels).argmax(1) == test_labels).mean())
+        cache.mkdir(parents=True, exist_ok=True)
+        with replacing(path) as partial_file:
+            save_file(net.state_dict(), str(partial_file), metadata={"mnist_test_accuracy": repr(accuracy)})
+        print(f"{ROUTES[name]}: MNIST test {accuracy:.4f}, cached as {path}")
+        found[name] = net, accuracy
+    return found
 
 
-def score_with_cnn(images: list[DevImage], cnn: nn.Module, config: ViTConfig) -> list[Answer]:
-    """Each image through `preprocess` (as /predict canonicalises it) and the CNN."""
+def score_with_reference(images: list[DevImage], net: nn.Module, config: ViTConfig) -> list[Answer]:
+    """Each image through `preprocess` (as /predict canonicalises it) and a reference net."""
     answers = []
     for image in images:
         try:
@@ -266,7 +292,7 @@ def score_with_cnn(images: list[DevImage], cnn: nn.Module, config: ViTConfig) ->
         except ValueError as error:  # EmptyImageError among them
             answers.append(Answer(refused=str(error)))
             continue
-        scores = probabilities(cnn, pixels[None])[0]
+        scores = probabilities(net, pixels[None])[0]
         best = int(scores.argmax())
         answers.append(Answer(config.labels[best], round(float(scores[best]), 4)))
     return answers
@@ -336,15 +362,17 @@ def disagreements(rows: list[dict]) -> list[str]:
             for row in rows if len({row[route]["predicted"] for route in routes}) > 1]
 
 
-def report(rows: list[dict], cnn_accuracy: float) -> str:
-    """The table, the CNN's MNIST accuracy, and the images behind the differences."""
-    lines = [markdown_table(*tallies(rows)), "", f"CNN (small_cnn, the same canonicalisation): MNIST test "
-             f"{cnn_accuracy:.4f}"]
-    for title, found in (("ViT (/predict torch) wrong, CNN right", differences(rows, "torch", "cnn")),
-                         ("CNN wrong, ViT right", differences(rows, "cnn", "torch")),
-                         ("both wrong", differences(rows, "torch", "cnn", second_right=False)),
-                         ("the app's routes disagree", disagreements(rows))):
-        lines += ["", f"{title}: {len(found)}", *found]
+def report(rows: list[dict], accuracies: dict[str, float]) -> str:
+    """The table, the references' MNIST accuracy, and the images behind the differences."""
+    lines = [markdown_table(*tallies(rows)), "", "MNIST test, the same canonicalisation: " + ", ".join(
+        f"{ROUTES[name]} {accuracy:.4f}" for name, accuracy in accuracies.items())]
+    found = []
+    for name in accuracies:
+        found += [(f"ViT (/predict torch) wrong, {ROUTES[name]} right", differences(rows, "torch", name)),
+                  (f"{ROUTES[name]} wrong, ViT right", differences(rows, name, "torch")),
+                  (f"ViT and {ROUTES[name]} both wrong", differences(rows, "torch", name, second_right=False))]
+    for title, images in [*found, ("the app's routes disagree", disagreements(rows))]:
+        lines += ["", f"{title}: {len(images)}", *images]
     return "\n".join(lines)
 
 
@@ -361,10 +389,10 @@ def main() -> None:
     parser.add_argument("--dev", type=Path, required=True, help=f"folder of images in {LAYOUT}")
     parser.add_argument("--json", type=Path, help="write the per-image records and the tables here")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
-                        help=f"where the trained CNN's weights are kept (default {DEFAULT_CACHE})")
-    parser.add_argument("--epochs", type=positive, default=2, help="the CNN's training epochs")
-    parser.add_argument("--seed", type=int, default=0, help="the CNN's initialisation and batch order")
-    parser.add_argument("--threads", type=positive, default=2, help="torch threads while the CNN trains")
+                        help=f"where the references' trained weights are kept (default {DEFAULT_CACHE})")
+    parser.add_argument("--epochs", type=positive, default=2, help="the references' training epochs")
+    parser.add_argument("--seed", type=int, default=0, help="the references' initialisation and batch order")
+    parser.add_argument("--threads", type=positive, default=2, help="torch threads while a reference trains")
     args = parser.parse_args()
 
     def run() -> None:
@@ -373,16 +401,18 @@ def main() -> None:
         images = dev_images(args.dev)
         config = load_model(args.model).config
         torch.set_num_threads(args.threads)
-        cnn, cnn_accuracy = reference_cnn(config, args.cache, args.epochs, args.seed)
-        answers = {"cnn": score_with_cnn(images, cnn, config), **score_through_app(images, args.model)}
+        nets = references(config, args.cache, args.epochs, args.seed)
+        answers = {**{name: score_with_reference(images, net, config) for name, (net, _) in nets.items()},
+                   **score_through_app(images, args.model)}
         rows = records(images, answers)
-        print(report(rows, cnn_accuracy))
+        print(report(rows, {name: accuracy for name, (_, accuracy) in nets.items()}))
         if args.json:
             writers, groups = tallies(rows)
-            args.json.write_text(json.dumps({"model": args.model, "dev": str(args.dev), "cnn": {
-                "epochs": args.epochs, "seed": args.seed, "weights": sum(weight.numel() for weight in cnn.parameters()),
-                "mnist_test_accuracy": cnn_accuracy}, "groups": groups, "writers": writers, "images": rows},
-                indent=2) + "\n")
+            described = {name: {"epochs": args.epochs, "seed": args.seed, "mnist_test_accuracy": accuracy,
+                                "weights": sum(weight.numel() for weight in net.parameters())}
+                         for name, (net, accuracy) in nets.items()}
+            args.json.write_text(json.dumps({"model": args.model, "dev": str(args.dev), "references": described,
+                                             "groups": groups, "writers": writers, "images": rows}, indent=2) + "\n")
 
     sys.exit(run_reporting_errors(run))
 

@@ -81,9 +81,9 @@ def test_tables_count_refusals_as_wrong_and_apart():
         "  photo/3/x.png (label 3): ViT /predict torch refused (blank image (no ink)), CNN 3 (0.90)"]
 
 
-def test_the_cnn_cache_follows_the_pixels_it_learns_from():
+def test_the_reference_cache_follows_the_pixels_it_learns_from():
     """The cache file's name changes with what the canonical pixels depend on (here the mean),
-    not with the ViT's architecture, and with the recipe."""
+    not with the ViT's architecture, and with the recipe and the reference."""
     config = ViTConfig.from_json(MODEL_DIR / "config.json")
     train = load_splits("mnist", val_split=0.0).train
     deeper = ViTConfig.from_dict({**config.to_dict(), "depth": config.depth + 1})
@@ -91,21 +91,26 @@ def test_the_cnn_cache_follows_the_pixels_it_learns_from():
     fingerprint = real_uploads.pixels_fingerprint(train, config)
     assert real_uploads.pixels_fingerprint(train, deeper) == fingerprint
     assert real_uploads.pixels_fingerprint(train, renormalised) != fingerprint
-    name = real_uploads.cache_file(Path("/cache"), config, fingerprint, epochs=2, seed=0)
-    assert real_uploads.cache_file(Path("/cache"), config, fingerprint, epochs=3, seed=0) != name
+    name = real_uploads.cache_file(Path("/cache"), "cnn", config, fingerprint, epochs=2, seed=0)
+    assert real_uploads.cache_file(Path("/cache"), "cnn", config, fingerprint, epochs=3, seed=0) != name
+    assert real_uploads.cache_file(Path("/cache"), "resnet18", config, fingerprint, epochs=2, seed=0) != name
     assert sum(weight.numel() for weight in real_uploads.small_cnn(config).parameters()) == 50_698
+    resnet = real_uploads.resnet18(config)
+    assert resnet(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert sum(weight.numel() for weight in resnet.parameters()) == 11_175_370
 
 
 @pytest.mark.slow
 def test_every_route_scores_uploads_and_counts_a_blank_as_refused(dev):
-    """The live app (torch /predict, /explain_drawing, ONNX /predict) and the CNN's preprocessing:
+    """The live app (torch /predict, /explain_drawing, ONNX /predict) and the references' preprocessing:
     typed digits are read, the blank canvas is refused by each route, not skipped."""
     images = real_uploads.dev_images(dev)
     config = ViTConfig.from_json(MODEL_DIR / "config.json")
     threads = torch.get_num_threads()
     try:
         answers = {**real_uploads.score_through_app(images, str(MODEL_DIR)),
-                   "cnn": real_uploads.score_with_cnn(images, real_uploads.small_cnn(config).eval(), config)}
+                   **{name: real_uploads.score_with_reference(images, net(config).eval(), config)
+                      for name, net in real_uploads.REFERENCES.items()}}
     finally:
         torch.set_num_threads(threads)  # the torch app sets one thread for the process
     rows = real_uploads.records(images, answers)
