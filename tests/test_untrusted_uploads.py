@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import BUNDLED_MODEL, assert_one_line, call, file_data, free_port, upload
-from PIL import Image
+from PIL import Image, ImageDraw
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -30,7 +30,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from vit_hub.demo import uploads  # noqa: E402
-from vit_hub.preprocess import MAX_PIXELS, pixel_limit  # noqa: E402
+from vit_hub.errors import UserError  # noqa: E402
+from vit_hub.preprocess import MAX_PIXELS, open_image, pixel_limit  # noqa: E402
 
 SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"
 CONTROLS = ("mean", 0.0, 3, "rollout")  # head fusion, discard ratio, top-k, method
@@ -99,6 +100,21 @@ def test_uploads_over_the_apps_limit_are_refused_from_the_header(server, hostile
     assert uploads.APP_MAX_PIXELS < 20_000_000 < MAX_PIXELS
     assert_refused(server, event, data, f"twenty.png is too large: expected {pixel_limit(uploads.APP_MAX_PIXELS)}",
                    "found 5000x4000")
+
+
+def test_a_phone_photo_jpeg_over_the_limit_is_read_smaller_not_refused(server, tmp_path):
+    """A 24 MP JPEG (a recent phone's default) is decoded at half its size, from the JPEG's own
+    reduced scale, and read; the same size as a PNG is still refused (test above)."""
+    photo = Image.new("L", (6_000, 4_000), 225)
+    ImageDraw.Draw(photo).line([(2_500, 900), (3_500, 900), (2_850, 3_100)], fill=35, width=70)  # a 7
+    photo.save(tmp_path / "phone.jpg", quality=85)
+    assert uploads.APP_MAX_PIXELS < 24_000_000
+    assert open_image(tmp_path / "phone.jpg", max_pixels=uploads.APP_MAX_PIXELS).size == (3_000, 2_000)
+    assert open_image(tmp_path / "phone.jpg", max_pixels=1_000_000).size == (750, 500)  # 1/8
+    with pytest.raises(UserError, match="phone.jpg is too large: expected at most 0.2 megapixels, found 6000x4000"):
+        open_image(tmp_path / "phone.jpg", max_pixels=200_000)  # even 1/8 is 375,000 pixels
+    event, data = call(server, "predict", [uploaded(server, tmp_path / "phone.jpg"), *CONTROLS])
+    assert event == "complete" and data[0]["label"] == "7", data
 
 
 def test_the_sketchpads_blobs_are_checked_too(hostile):

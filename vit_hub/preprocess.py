@@ -38,6 +38,7 @@ def pixel_limit(max_pixels: int = MAX_PIXELS) -> str:
     return f"at most {max_pixels / 1e6:g} megapixels"
 
 ORIENTATION_TAG = 0x0112  # EXIF
+JPEG_REDUCTIONS = (2, 4, 8)  # the scales a JPEG decoder can produce directly (1/2, 1/4, 1/8 a side)
 
 
 def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_PIXELS) -> Image.Image:
@@ -45,7 +46,9 @@ def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_
 
     The size is read from the file's header and checked against `max_pixels` before
     anything is decoded, so a huge image (or a decompression bomb) is refused without
-    spending memory on it. `name` is how messages call the file (default: its path); the
+    spending memory on it. A JPEG over the limit (a 24 or 50 MP phone photo) is decoded at
+    1/2, 1/4 or 1/8 of its size instead, the largest that fits: JPEG decodes at those scales
+    directly, never holding the full-size pixels. `name` is how messages call the file (default: its path); the
     app passes the client's own file name so that no server path reaches a user.
     """
     path = Path(path)
@@ -54,6 +57,7 @@ def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_
         found = "a folder" if path.is_dir() else "nothing"
         raise FileNotFoundError(f"expected an image file at {shown}, found {found}")
     with _opened(path, shown, max_pixels) as image:
+        _decode_jpeg_within(image, max_pixels)
         check_pixels(*image.size, shown, max_pixels)
         try:
             image.load()
@@ -62,6 +66,19 @@ def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_
             raise UserError(f"{shown} is not a readable image: expected complete image data, "
                              f"found data that does not decode ({detail})") from None
         return image
+
+
+def _decode_jpeg_within(image: Image.Image, max_pixels: int) -> None:
+    """Set a JPEG larger than `max_pixels` to decode at the least reduction (of 2, 4 or 8 a side)
+    that brings it within them; other images, and JPEGs too large even at 1/8, are left as
+    they are (and refused by their size)."""
+    if image.format != "JPEG" or image.width * image.height <= max_pixels:
+        return
+    for reduction in JPEG_REDUCTIONS:
+        size = (-(-image.width // reduction), -(-image.height // reduction))
+        if size[0] * size[1] <= max_pixels:
+            image.draft(image.mode, size)
+            return
 
 
 def check_header(source: str | Path | bytes, shown: str, max_pixels: int = MAX_PIXELS) -> None:
