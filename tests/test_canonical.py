@@ -179,6 +179,32 @@ def test_a_ruled_line_across_the_photo_is_not_part_of_the_digit():
     assert likeness(canonical(ruled), canonical(clean)) > 0.95
 
 
+PAPER_ON_A_DESK = (215, 210, 200)
+
+
+@pytest.mark.parametrize("framing", ["desk beside the paper", "shadow band along the bottom", "desk on two sides"])
+def test_the_desk_or_a_shadow_beyond_the_paper_is_not_part_of_the_digit(framing):
+    """A phone photo whose frame shows more than the page: a dark band running along a whole
+    side (the desk, the shadow of the phone) is background, however thick."""
+    clean = drawn("7", (800, 600), (300, 150, 480, 450), width=10, ink=(30, 30, 40), paper=PAPER_ON_A_DESK, mode="RGB")
+    framed = clean.copy()
+    draw = ImageDraw.Draw(framed)
+    if framing != "shadow band along the bottom":
+        draw.rectangle((0, 0, 150, 600), fill=(90, 60, 40))  # a fifth of the width
+    if framing != "desk beside the paper":
+        draw.rectangle((0, 500, 800, 600), fill=(110, 105, 100))  # a sixth of the height
+    assert likeness(canonical(photographed(framed)), canonical(clean)) > 0.95
+
+
+def test_a_tight_crop_touching_an_edge_keeps_its_digit():
+    """A digit cropped so tight that its base lies along most of the bottom edge, beside a
+    small mark (a cursor left in a drawing), is still the digit: it does not reach from edge
+    to edge, as the desk does."""
+    drawing = drawn("2", (168, 168), (6, 8, 162, 170), width=14, ink=90, paper=255)
+    ImageDraw.Draw(drawing).ellipse((150, 110, 162, 122), outline=200)
+    assert likeness(canonical(drawing), canonical(drawn("2", width=14))) > 0.9
+
+
 def test_thickening_a_hairline_keeps_a_closed_four_open():
     """The 4's small triangle stays a hole at MNIST's stroke width (filled, it reads as a 9)."""
     four = np.asarray(canonical(drawn("closed 4", (600, 600), (200, 150, 400, 450), width=1))) > 127

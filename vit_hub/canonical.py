@@ -44,6 +44,7 @@ SPECK_SHARE = 0.03  # a separate piece with less of the ink than this is a speck
 SPECK_GAP = 2  # pixels (at DETAIL_SIDE) between dashes of one stroke
 MIN_HOLE_SHARE = 0.005  # a loop's hole this share of the digit's box or larger stays open
 RULED_LINE_SHARE = 0.15  # an edge-to-edge piece thinner than this share of the picture is a ruled line
+FRAME_SIDE_SHARE = 0.5  # an edge-to-edge piece along this share of a side or more is the desk or a shadow
 CROP_MARGIN = 0.05  # the detail crop's margin around the ink box, as a share of its longer side
 
 
@@ -171,7 +172,7 @@ def _ink_box(signal: Image.Image, paper: Paper) -> tuple[int, int, int, int]:
     found on a copy at most WORK_SIDE large, without specks of dust far from the ink's mass,
     with a margin of CROP_MARGIN of its longer side."""
     work = shrink(signal, WORK_SIDE)
-    rows, cols = np.nonzero(_without_outliers(_without_ruled_lines(paper.ink(work, (0, 0), (1, 1)))))
+    rows, cols = np.nonzero(_without_outliers(_without_frame_marks(paper.ink(work, (0, 0), (1, 1)))))
     scale_y, scale_x = signal.height / work.shape[0], signal.width / work.shape[1]
     margin = CROP_MARGIN * max(np.ptp(rows) + 1, np.ptp(cols) + 1)
     top, left = max(0, int((rows.min() - margin) * scale_y)), max(0, int((cols.min() - margin) * scale_x))
@@ -180,21 +181,24 @@ def _ink_box(signal: Image.Image, paper: Paper) -> tuple[int, int, int, int]:
     return top, left, bottom, right
 
 
-def _without_ruled_lines(ink: np.ndarray) -> np.ndarray:
-    """Ink [h, w] without the thin pieces that cross the whole picture from edge to edge (a
-    ruled line, the paper's edge or its shadow), unless nothing else is left: a digit is
-    photographed inside the frame."""
+def _without_frame_marks(ink: np.ndarray) -> np.ndarray:
+    """Ink [h, w] without the pieces that cross the whole picture from edge to edge and are
+    either thin (a ruled line, the paper's edge) or lie along half a side or more (the desk
+    beyond the paper, a shadow band), unless nothing else is left: a digit is photographed
+    inside the frame."""
     labels, count = ndimage.label(ink > 0, structure=np.ones((3, 3)))
     pieces = np.arange(1, count + 1)
     rows, cols = np.indices(ink.shape)
     height = ndimage.maximum(rows, labels, pieces) - ndimage.minimum(rows, labels, pieces) + 1  # [count]
     width = ndimage.maximum(cols, labels, pieces) - ndimage.minimum(cols, labels, pieces) + 1
-    across = (width == ink.shape[1]) & (height < RULED_LINE_SHARE * ink.shape[0])
-    down = (height == ink.shape[0]) & (width < RULED_LINE_SHARE * ink.shape[1])
-    ruled = np.concatenate([[False], across | down])
-    if ruled[1:].all() or not ruled.any():
+    sides = (labels[0], labels[-1], labels[:, 0], labels[:, -1])
+    along = np.max([np.bincount(side, minlength=count + 1)[1:] / side.size for side in sides], axis=0)  # [count]
+    across = (width == ink.shape[1]) & ((height < RULED_LINE_SHARE * ink.shape[0]) | (along >= FRAME_SIDE_SHARE))
+    down = (height == ink.shape[0]) & ((width < RULED_LINE_SHARE * ink.shape[1]) | (along >= FRAME_SIDE_SHARE))
+    frame = np.concatenate([[False], across | down])
+    if frame[1:].all() or not frame.any():
         return ink
-    return np.where(ruled[labels], 0.0, ink)
+    return np.where(frame[labels], 0.0, ink)
 
 
 def stroke_shape(signal: Image.Image, paper: Paper, box: tuple[int, int, int, int]) -> np.ndarray:
