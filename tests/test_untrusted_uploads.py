@@ -128,7 +128,8 @@ def test_the_sketchpads_blobs_are_checked_too(hostile):
 
 
 def test_the_page_states_the_limit(server):
-    assert f"Images of {pixel_limit(uploads.APP_MAX_PIXELS)}, files of at most" in httpx.get(f"{server}config", timeout=60).text
+    page = httpx.get(f"{server}config", timeout=60).text
+    assert f"Images of {pixel_limit(uploads.APP_MAX_PIXELS)} (a larger JPEG photo is read scaled down), files of at most" in page
 
 
 # A burst against a server in its own process ------------------------------------------------

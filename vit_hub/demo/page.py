@@ -172,7 +172,8 @@ def _inputs(config: ViTConfig) -> tuple[gr.Image, Any, gr.Button, Any]:
             image = gr.Image(type="filepath", label="Image", sources=["upload", "clipboard"], height=320,
                              elem_id="upload")
             submit = gr.Button("Classify", variant="primary")
-            gr.Markdown(f"Images of {pixel_limit(APP_MAX_PIXELS)}, files of at most {MAX_FILE_SIZE}.",
+            gr.Markdown(f"Images of {pixel_limit(APP_MAX_PIXELS)} (a larger JPEG photo is read scaled down), "
+                        f"files of at most {MAX_FILE_SIZE}.",
                         elem_id="upload-limits")
             if config.in_channels == 1:  # the bundled samples are MNIST digits
                 _examples(image)
