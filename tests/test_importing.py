@@ -399,6 +399,22 @@ def test_init_weights_keep_the_body_resize_positions_as_timm_does_and_zero_the_h
     assert weights["head.weight"].shape == (3, 192) and not weights["head.weight"].any()
 
 
+def test_init_on_the_model_s_own_labels_keeps_its_head():
+    """Trained further on the same labels in the same order, the model keeps its head (a zero
+    head would throw away the answer it already gives); other labels, or the same ones in
+    another order, get the zero head."""
+    from vit_hub.fine_tune import fine_tune_config, fine_tune_weights
+    from vit_hub.importing import load_init
+
+    start = load_init(Path(__file__).resolve().parents[1] / "models" / "vit-mnist")
+    same = fine_tune_weights(start, fine_tune_config(start, list("0123456789"), {"canonicalize": "digit"}))
+    assert torch.equal(same["head.weight"], start.weights["head.weight"]) and same["head.weight"].any()
+    assert torch.equal(same["head.bias"], start.weights["head.bias"])
+    for labels in (list("9876543210"), list("01234")):
+        other = fine_tune_weights(start, fine_tune_config(start, labels, {}))
+        assert other["head.weight"].shape == (len(labels), 64) and not other["head.weight"].any()
+
+
 def test_init_from_a_vit_model_drops_its_pooler(tmp_path):
     from vit_hub.fine_tune import fine_tune_config
     from vit_hub.importing import load_init

@@ -5,7 +5,8 @@ and weights a run on new data begins with.
 weights under vit_hub's names, and where they came from. Finding and converting those
 weights (a vit_hub model dir, a timm or transformers ViT, a folder or a Hub repo) is
 `vit_hub.importing`, whose `Imported` is a `PretrainedStart`; this module only adapts them to
-the new data: its labels, a new head, positions resized to the new image size.
+the new data: its labels, a new head (unless the labels are the same), positions resized to
+the new image size.
 """
 
 from __future__ import annotations
@@ -56,15 +57,25 @@ def fine_tune_weights(start: PretrainedStart, config: ViTConfig) -> dict[str, to
     """The pretrained weights for `config`: body as it is, positions resized (bicubic, on the
     patch grid; the class token's position kept) when the image size differs, and a new head
     of zeros for the data's labels (the ViT paper's choice for fine-tuning: the first steps
-    train the head on features that already tell images apart, without disturbing them)."""
+    train the head on features that already tell images apart, without disturbing them).
+    A model trained further on its own classes (`keeps_head`) keeps its head."""
     weights = {name: tensor for name, tensor in start.weights.items()
                if not name.startswith(("head.", "pre_logits."))}
     if "pos_embedding" in weights:  # learned positions (fixed sin-cos ones are rebuilt for the grid)
         weights["pos_embedding"] = resize_positions(weights["pos_embedding"], start.config.grid_size, config.grid_size)
-    width = config.embed_dim
-    weights["head.weight"] = torch.zeros(config.num_classes, width)
-    weights["head.bias"] = torch.zeros(config.num_classes)
+    if keeps_head(start, config):
+        weights["head.weight"], weights["head.bias"] = start.weights["head.weight"], start.weights["head.bias"]
+    else:
+        weights["head.weight"] = torch.zeros(config.num_classes, config.embed_dim)
+        weights["head.bias"] = torch.zeros(config.num_classes)
     return weights
+
+
+def keeps_head(start: PretrainedStart, config: ViTConfig) -> bool:
+    """Whether the pretrained head already answers the data's question: the same labels in the
+    same order, read straight from the pooled token (no pre-logits layer)."""
+    return (list(start.config.labels) == list(config.labels) and start.config.pre_logits == 0
+            and {"head.weight", "head.bias"} <= start.weights.keys())
 
 
 def resize_positions(positions: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> torch.Tensor:
