@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import CLASSES, in_mode, tiny_config, write_class_folders
 from PIL import Image, ImageDraw
+from scipy import ndimage
 
 from vit_hub import augmentation, batches, folders
 from vit_hub.augmentation import TrainTransform, resolve_augment
@@ -421,6 +422,23 @@ def test_augmentation_is_random_seeded_and_keeps_the_model_shape(image_folder, a
     assert first.shape == (channels, 16, 24) and first.dtype == torch.float32
     assert not torch.equal(first, second)
     assert torch.equal(first, replay)
+
+
+def test_a_pen_gap_cuts_one_short_gap_in_a_stroke():
+    """The upload augmentation's skipped pen: ink is only taken away, all of it within a gap's
+    width of one inked pixel, and the stroke is cut through (two pieces where there was one)."""
+    stroke = np.zeros((28, 28), np.uint8)
+    stroke[4:24, 12:15] = 255  # a 3 px bar, MNIST's stroke width
+    torch.manual_seed(0)
+    gapped = [np.asarray(augmentation.with_pen_gap(Image.fromarray(stroke))) for _ in range(20)]
+    for pixels in gapped:
+        taken = np.argwhere(pixels < stroke)
+        assert (pixels <= stroke).all() and len(taken) > 0
+        assert np.ptp(taken, axis=0).max() <= 2 * augmentation.GAP_RADIUS[1] + 2
+    cut = [ndimage.label(pixels >= 128)[1] == 2 for pixels in gapped]
+    assert sum(cut) >= 10  # a gap at the bar's end shortens it instead
+    blank = Image.new("L", (28, 28), 0)
+    assert augmentation.with_pen_gap(blank) is blank
 
 
 def test_loader_order_depends_only_on_the_seed():

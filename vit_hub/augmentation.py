@@ -25,6 +25,7 @@ AUGMENTATIONS = ("auto", "digits", "photos", "none")
 CROP_SCALE = (0.5, 1.0)  # share of the image a random-resized crop keeps
 ELASTIC_ALPHA, ELASTIC_SIGMA = 8.0, 3.0  # digits: displacement field strength and smoothness, in pixels
 NOISE_LEVELS = 20.0  # digits: the largest sensor-noise deviation, in gray levels
+GAP_RADIUS = (1.0, 2.0)  # digits: the radius range of a gap cut into a stroke, in pixels (MNIST's strokes are ~3 wide)
 
 
 class ModelInput:
@@ -66,7 +67,7 @@ class TrainTransform:
 
     digits: small random affine (rotation, shift, scale, shear) of the resized image, then
         what canonicalising an upload leaves (`upload_variations`): elastic distortion, a
-        stroke a little thicker or thinner, blur and sensor noise.
+        stroke a little thicker or thinner, a short gap in a stroke, blur and sensor noise.
     photos: random-resized crop that keeps most of the frame (a small object is not cropped
         away), horizontal flip, colour jitter (another camera, stain or light: brightness,
         contrast, saturation and hue), RandAugment, then random erasing.
@@ -114,10 +115,13 @@ class TrainTransform:
 def upload_variations(digit: Image.Image) -> Image.Image:
     """A canonical digit ("L", light on black) as canonicalising people's uploads leaves it,
     each change with its own chance: strokes up to half a pixel thicker or thinner (the stroke width
-    is set from an estimate), blurred (a soft photo) and speckled (sensor noise)."""
+    is set from an estimate), a short gap in a stroke (a pen that skipped, a loop left open),
+    blurred (a soft photo) and speckled (sensor noise)."""
     if torch.rand(1) < 0.3:
         pen = ImageFilter.MaxFilter(3) if torch.rand(1) < 0.5 else ImageFilter.MinFilter(3)
         digit = Image.blend(digit, digit.filter(pen), 0.5 * float(torch.rand(1)))
+    if torch.rand(1) < 0.3:
+        digit = with_pen_gap(digit)
     if torch.rand(1) < 0.3:
         digit = digit.filter(ImageFilter.GaussianBlur(0.3 + 0.5 * float(torch.rand(1))))
     if torch.rand(1) < 0.3:
@@ -125,6 +129,20 @@ def upload_variations(digit: Image.Image) -> Image.Image:
         digit = Image.fromarray((torch.from_numpy(np.asarray(digit, dtype=np.float32)) + noise)
                                 .clamp(0, 255).round().to(torch.uint8).numpy())
     return digit
+
+
+def with_pen_gap(digit: Image.Image) -> Image.Image:
+    """A canonical digit ("L", light on black) with the ink within 1-2 pixels of one random
+    inked pixel taken away, a soft-edged gap in a stroke; a digit with no ink is returned as it is."""
+    pixels = np.asarray(digit, dtype=np.float32)
+    inked = np.flatnonzero(pixels >= 128)
+    if inked.size == 0:
+        return digit
+    row, col = divmod(int(inked[int(torch.randint(inked.size, (1,)))]), pixels.shape[1])
+    rows, cols = np.indices(pixels.shape)
+    radius = GAP_RADIUS[0] + (GAP_RADIUS[1] - GAP_RADIUS[0]) * float(torch.rand(1))
+    kept = np.clip(np.hypot(rows - row, cols - col) - radius, 0.0, 1.0)  # [H, W] 0 inside the gap, 1 a pixel out
+    return Image.fromarray((pixels * kept).round().astype(np.uint8))
 
 
 def uint8_pixels(image: Image.Image) -> torch.Tensor:
