@@ -69,8 +69,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true", help="skip captum and pytorch-grad-cam")
     parser.add_argument("--timing", choices=("yes", "no", "only"), default="yes",
                         help="no: AUCs only (run them beside other jobs); only: ms/img only (run it alone)")
-    parser.add_argument("--write", type=Path, help="also write the vit_hub methods' rows as JSON here "
-                        "(faithfulness.json in a model dir: the app shows them)")
+    parser.add_argument("--write", type=Path, help="also write the methods' rows as JSON here (faithfulness.json "
+                        "in a model dir: the app shows its methods' rows; tests check the bench-only ones)")
     return parser.parse_args()
 
 
@@ -276,9 +276,10 @@ def main() -> None:
 
 
 def write_rows(args: argparse.Namespace, table: list[tuple], count: int) -> None:
-    """{method name: {deletion_auc, insertion_auc}} for the methods the app offers, and the
+    """{method name: {deletion_auc, insertion_auc}} for the methods the app offers and those kept
+    in bench/other_methods.py (which stay in bench/ only while they measure worse), and the
     model-free and random rows, with how they were measured."""
-    labels = {f"{method.label} (`{name}`)": name for name, method in METHODS.items()}
+    labels = {f"{method.label} (`{name}`)": name for name, method in (METHODS | OTHER_METHODS).items()}
     rows = {labels.get(name, name): {"deletion_auc": round(deletion, 4), "insertion_auc": round(insertion, 4)}
             for name, deletion, insertion, *_ in table if name in labels or "no model" in name or name == "random"}
     args.write.write_text(json.dumps({"images": count, "data": args.data, "command": "python " + " ".join(sys.argv),
