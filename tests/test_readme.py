@@ -147,7 +147,7 @@ ACTIVATION = "make install            # once (make app and make test do it too):
 QUICK_START = "vit-hub train --data path/to/folder --out runs/scratch     # from scratch; folder/<class>/<image>"
 TRAIN = "vit-hub train --data path/to/folder --out runs/my-model"
 AFTER_TRAIN = "vit-hub train --resume --out runs/my-model          # continue (also after Ctrl-C): same result as uninterrupted"
-BUNDLED = "vit-hub train --data mnist --init models/vit-mnist --canonicalize digit --lr 3e-4 --epochs 6 --out runs/vit-mnist"
+BUNDLED = "vit-hub train --data mnist --init models/vit-mnist --canonicalize digit --lr 1e-4 --epochs 6 --out runs/vit-mnist"
 EXPORT = "python -m vit_hub.export --model models/vit-mnist --out runs/onnx --output-attentions --quantize int8 --calib-data mnist"
 HUB = "export HF_TOKEN=hf_...            # or `hf auth login`, or --token (a flag is visible to other users)"
 DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same way"
