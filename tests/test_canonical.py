@@ -182,17 +182,21 @@ def test_a_ruled_line_across_the_photo_is_not_part_of_the_digit():
 PAPER_ON_A_DESK = (215, 210, 200)
 
 
-@pytest.mark.parametrize("framing", ["desk beside the paper", "shadow band along the bottom", "desk on two sides"])
+@pytest.mark.parametrize("framing", ["desk beside the paper", "shadow band along the bottom", "desk on two sides",
+                                     "desk in a corner"])
 def test_the_desk_or_a_shadow_beyond_the_paper_is_not_part_of_the_digit(framing):
     """A phone photo whose frame shows more than the page: a dark band running along a whole
-    side (the desk, the shadow of the phone) is background, however thick."""
+    side (the desk, the shadow of the phone), or a corner of desk where the page is turned,
+    is background, however thick."""
     clean = drawn("7", (800, 600), (300, 150, 480, 450), width=10, ink=(30, 30, 40), paper=PAPER_ON_A_DESK, mode="RGB")
     framed = clean.copy()
     draw = ImageDraw.Draw(framed)
-    if framing != "shadow band along the bottom":
+    if framing in ("desk beside the paper", "desk on two sides"):
         draw.rectangle((0, 0, 150, 600), fill=(90, 60, 40))  # a fifth of the width
-    if framing != "desk beside the paper":
+    if framing in ("shadow band along the bottom", "desk on two sides"):
         draw.rectangle((0, 500, 800, 600), fill=(110, 105, 100))  # a sixth of the height
+    if framing == "desk in a corner":
+        draw.polygon([(0, 0), (250, 0), (0, 300)], fill=(90, 60, 40))
     assert likeness(canonical(photographed(framed)), canonical(clean)) > 0.95
 
 
@@ -203,6 +207,19 @@ def test_a_tight_crop_touching_an_edge_keeps_its_digit():
     drawing = drawn("2", (168, 168), (6, 8, 162, 170), width=14, ink=90, paper=255)
     ImageDraw.Draw(drawing).ellipse((150, 110, 162, 122), outline=200)
     assert likeness(canonical(drawing), canonical(drawn("2", width=14))) > 0.9
+
+
+def test_a_tight_crop_of_a_digit_drawn_in_two_strokes_keeps_both():
+    """A 7 whose bar runs along the top edge and whose separate stem runs down the right edge:
+    neither stroke fills a corner as the desk does, so both stay."""
+    seven = Image.new("L", (120, 160), 255)
+    draw = ImageDraw.Draw(seven)
+    draw.line([(0, 5), (119, 5)], fill=0, width=11)  # the bar, edge to edge but thick, along the top
+    draw.line([(113, 14), (113, 159)], fill=0, width=12)  # the stem, along the right edge
+    shape = np.asarray(canonical(seven)) > 127
+    rows = np.nonzero(shape.any(axis=1))[0]
+    assert shape[rows[0]].sum() >= 10  # the bar across the top
+    assert np.ptp(rows) >= 15 and shape[rows[0] + 4:].sum(axis=1).max() <= 4  # the stem under it, alone
 
 
 def test_thickening_a_hairline_keeps_a_closed_four_open():

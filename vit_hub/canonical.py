@@ -45,6 +45,7 @@ SPECK_GAP = 2  # pixels (at DETAIL_SIDE) between dashes of one stroke
 MIN_HOLE_SHARE = 0.005  # a loop's hole this share of the digit's box or larger stays open
 RULED_LINE_SHARE = 0.15  # an edge-to-edge piece thinner than this share of the picture is a ruled line
 FRAME_SIDE_SHARE = 0.5  # an edge-to-edge piece along this share of a side or more is the desk or a shadow
+CORNER_SIDE_SHARE = 0.3  # a piece along this share of two sides that meet fills a corner: the desk
 CROP_MARGIN = 0.05  # the detail crop's margin around the ink box, as a share of its longer side
 
 
@@ -184,20 +185,29 @@ def _ink_box(signal: Image.Image, paper: Paper) -> tuple[int, int, int, int]:
 def _without_frame_marks(ink: np.ndarray) -> np.ndarray:
     """Ink [h, w] without the pieces that cross the whole picture from edge to edge and are
     either thin (a ruled line, the paper's edge) or lie along half a side or more (the desk
-    beyond the paper, a shadow band), unless nothing else is left: a digit is photographed
-    inside the frame."""
+    beyond the paper, a shadow band) or fill a corner (the desk where the page is turned),
+    unless nothing else is left or the rest reaches two sides of the picture: a digit is
+    photographed inside the frame, and one cropped tight touches its edges."""
     labels, count = ndimage.label(ink > 0, structure=np.ones((3, 3)))
     pieces = np.arange(1, count + 1)
     rows, cols = np.indices(ink.shape)
     height = ndimage.maximum(rows, labels, pieces) - ndimage.minimum(rows, labels, pieces) + 1  # [count]
     width = ndimage.maximum(cols, labels, pieces) - ndimage.minimum(cols, labels, pieces) + 1
-    sides = (labels[0], labels[-1], labels[:, 0], labels[:, -1])
-    along = np.max([np.bincount(side, minlength=count + 1)[1:] / side.size for side in sides], axis=0)  # [count]
+    top, bottom, left, right = (np.bincount(side, minlength=count + 1)[1:] / side.size  # [count] each
+                                for side in (labels[0], labels[-1], labels[:, 0], labels[:, -1]))
+    along = np.max([top, bottom, left, right], axis=0)
     across = (width == ink.shape[1]) & ((height < RULED_LINE_SHARE * ink.shape[0]) | (along >= FRAME_SIDE_SHARE))
     down = (height == ink.shape[0]) & ((width < RULED_LINE_SHARE * ink.shape[1]) | (along >= FRAME_SIDE_SHARE))
-    frame = np.concatenate([[False], across | down])
+    corner = np.max([np.minimum(vertical, horizontal) for vertical in (left, right) for horizontal in (top, bottom)],
+                    axis=0) >= CORNER_SIDE_SHARE
+    frame = np.concatenate([[False], across | down | corner])
     if frame[1:].all() or not frame.any():
         return ink
+    sizes = np.bincount(labels.ravel(), minlength=count + 1)  # [count + 1] pixels per piece
+    stroke = ~frame & (sizes >= SPECK_SHARE * sizes[1:][~frame[1:]].sum())  # the rest, without specks
+    stroke[0] = False
+    if sum(bool(stroke[side].any()) for side in (labels[0], labels[-1], labels[:, 0], labels[:, -1])) >= 2:
+        return ink  # the rest reaches two sides: a digit cropped tight, its strokes touching the edges
     return np.where(frame[labels], 0.0, ink)
 
 
