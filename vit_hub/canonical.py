@@ -188,6 +188,8 @@ def _without_frame_marks(ink: np.ndarray) -> np.ndarray:
     beyond the paper, a shadow band) or fill a corner (the desk where the page is turned),
     unless nothing else is left or the rest reaches two sides of the picture: a digit is
     photographed inside the frame, and one cropped tight touches its edges."""
+    if not (ink[[0, -1]].any() or ink[:, [0, -1]].any()):
+        return ink  # every frame mark touches the picture's edge
     labels, count = ndimage.label(ink > 0, structure=np.ones((3, 3)))
     pieces = np.arange(1, count + 1)
     rows, cols = np.indices(ink.shape)
