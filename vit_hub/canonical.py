@@ -183,34 +183,39 @@ def _ink_box(signal: Image.Image, paper: Paper) -> tuple[int, int, int, int]:
 
 
 def _without_frame_marks(ink: np.ndarray) -> np.ndarray:
-    """Ink [h, w] without the pieces that cross the whole picture from edge to edge and are
-    either thin (a ruled line, the paper's edge) or lie along half a side or more (the desk
-    beyond the paper, a shadow band) or fill a corner (the desk where the page is turned),
-    unless nothing else is left or the rest reaches two sides of the picture: a digit is
-    photographed inside the frame, and one cropped tight touches its edges."""
+    """Ink [h, w] without its frame marks (`_frame_pieces`), unless nothing else is left or
+    the rest, specks aside, reaches two sides of the picture: a digit is photographed inside
+    the frame, and one cropped tight touches its edges."""
     if not (ink[[0, -1]].any() or ink[:, [0, -1]].any()):
         return ink  # every frame mark touches the picture's edge
     labels, count = ndimage.label(ink > 0, structure=np.ones((3, 3)))
-    pieces = np.arange(1, count + 1)
-    rows, cols = np.indices(ink.shape)
-    height = ndimage.maximum(rows, labels, pieces) - ndimage.minimum(rows, labels, pieces) + 1  # [count]
-    width = ndimage.maximum(cols, labels, pieces) - ndimage.minimum(cols, labels, pieces) + 1
-    top, bottom, left, right = (np.bincount(side, minlength=count + 1)[1:] / side.size  # [count] each
-                                for side in (labels[0], labels[-1], labels[:, 0], labels[:, -1]))
-    along = np.max([top, bottom, left, right], axis=0)
-    across = (width == ink.shape[1]) & ((height < RULED_LINE_SHARE * ink.shape[0]) | (along >= FRAME_SIDE_SHARE))
-    down = (height == ink.shape[0]) & ((width < RULED_LINE_SHARE * ink.shape[1]) | (along >= FRAME_SIDE_SHARE))
-    corner = np.max([np.minimum(vertical, horizontal) for vertical in (left, right) for horizontal in (top, bottom)],
-                    axis=0) >= CORNER_SIDE_SHARE
-    frame = np.concatenate([[False], across | down | corner])
+    edges = (labels[0], labels[-1], labels[:, 0], labels[:, -1])  # top, bottom, left, right
+    frame = np.concatenate([[False], _frame_pieces(labels, count, edges)])  # [count + 1], 0 the background
     if frame[1:].all() or not frame.any():
         return ink
     sizes = np.bincount(labels.ravel(), minlength=count + 1)  # [count + 1] pixels per piece
-    stroke = ~frame & (sizes >= SPECK_SHARE * sizes[1:][~frame[1:]].sum())  # the rest, without specks
+    stroke = ~frame & (sizes >= SPECK_SHARE * sizes[1:][~frame[1:]].sum())
     stroke[0] = False
-    if sum(bool(stroke[side].any()) for side in (labels[0], labels[-1], labels[:, 0], labels[:, -1])) >= 2:
-        return ink  # the rest reaches two sides: a digit cropped tight, its strokes touching the edges
+    if sum(bool(stroke[edge].any()) for edge in edges) >= 2:
+        return ink
     return np.where(frame[labels], 0.0, ink)
+
+
+def _frame_pieces(labels: np.ndarray, count: int, edges: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Which of `count` labelled pieces [count] are marks of the frame, not the digit: those
+    that cross the whole picture from edge to edge and are either thin (a ruled line, the
+    paper's edge) or lie along half a side or more (the desk beyond the paper, a shadow band),
+    and those along 30 % of two sides that meet (the desk where the page is turned)."""
+    pieces = np.arange(1, count + 1)
+    rows, cols = np.indices(labels.shape)
+    height = ndimage.maximum(rows, labels, pieces) - ndimage.minimum(rows, labels, pieces) + 1  # [count]
+    width = ndimage.maximum(cols, labels, pieces) - ndimage.minimum(cols, labels, pieces) + 1
+    top, bottom, left, right = (np.bincount(edge, minlength=count + 1)[1:] / edge.size for edge in edges)
+    along = np.max([top, bottom, left, right], axis=0)  # [count] the longest stretch of one side
+    across = (width == labels.shape[1]) & ((height < RULED_LINE_SHARE * labels.shape[0]) | (along >= FRAME_SIDE_SHARE))
+    down = (height == labels.shape[0]) & ((width < RULED_LINE_SHARE * labels.shape[1]) | (along >= FRAME_SIDE_SHARE))
+    corner = np.max([np.minimum(side, end) for side in (left, right) for end in (top, bottom)], axis=0)
+    return across | down | (corner >= CORNER_SIDE_SHARE)
 
 
 def stroke_shape(signal: Image.Image, paper: Paper, box: tuple[int, int, int, int]) -> np.ndarray:

@@ -48,8 +48,9 @@ def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_
     anything is decoded, so a huge image (or a decompression bomb) is refused without
     spending memory on it. A JPEG over the limit (a 24 or 50 MP phone photo) is decoded at
     1/2, 1/4 or 1/8 of its size instead, the largest that fits: JPEG decodes at those scales
-    directly, never holding the full-size pixels. `name` is how messages call the file (default: its path); the
-    app passes the client's own file name so that no server path reaches a user.
+    directly, never holding the full-size pixels. `name` is how messages call the file
+    (default: its path); the app passes the client's own file name so that no server path
+    reaches a user.
     """
     path = Path(path)
     shown = str(path) if name is None else name

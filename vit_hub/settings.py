@@ -61,8 +61,8 @@ class TrainSettings:
         command: the command line that started the run (for the model card).
         init: fine-tune from these weights instead of starting from scratch: a timm or
             transformers ViT or a vit_hub model (Hub repo id or folder); a new head for the
-            data's labels (the same labels keep the head), positions resized to --image-size, fine-tuning defaults (lr, epochs);
-            default: none, from scratch.
+            data's labels (the same labels keep the head), positions resized to --image-size,
+            fine-tuning defaults (lr, epochs); default: none, from scratch.
     """
 
     data: str
