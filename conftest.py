@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent
 README_APP_URL = "http://127.0.0.1:7860"  # the address the README's client block calls
-README_DIGIT = REPO / "samples" / "mnist_test_0000_label_7.png"
+README_DIGIT = REPO / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
 HUB_TOKEN = "hf_vitHubReadmeToken0123456789abcdef"
 
 

@@ -93,7 +93,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--versus-bare", action="store_true",
                         help="the app's endpoints against a bare Gradio app with the same inputs, interleaved")
     parser.add_argument("--calls", type=int, default=40, help="rounds of --versus-bare (one call of each per round)")
-    parser.add_argument("--samples", type=Path, default=ROOT / "samples",
+    parser.add_argument("--samples", type=Path, default=ROOT / "vit_hub" / "bundled" / "samples",
                         help="folder of images to send (default: the bundled MNIST samples)")
     return parser.parse_args()
 

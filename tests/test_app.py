@@ -26,9 +26,10 @@ from vit_hub.attribution import METHODS  # noqa: E402
 from vit_hub.demo import backends, methods, page, pictures, server, uploads  # noqa: E402
 from vit_hub.layout import ModelDir  # noqa: E402
 from vit_hub.preprocess import preprocess, to_model_domain  # noqa: E402
+from vit_hub.samples import write_samples  # noqa: E402
 
 MODEL_DIR = ROOT / "models" / "vit-mnist"
-SAMPLES = sorted((ROOT / "samples").glob("mnist_test_*_label_*.png"))
+SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))
 
 
 def label_of(path: Path) -> str:
@@ -356,3 +357,35 @@ def test_an_rgb_model_with_a_non_square_grid(tmp_path):
         assert Image.open(heads).size == (2 * 108 + 3, 2 * 72 + 3)  # 2 heads x 2 layers of 4x6 patches, 18 px each
     finally:
         demo.close()
+
+
+def _page_parts(demo) -> tuple[set[str], list[list], str]:
+    """(tab labels, example rows, markdown text) of a built page."""
+    blocks = list(demo.blocks.values())
+    tabs = {block.label for block in blocks if isinstance(block, gr.Tab)}
+    examples = [row for block in blocks if isinstance(block, gr.Dataset) for row in block.samples]
+    text = "\n".join(block.value for block in blocks if isinstance(block, gr.Markdown) and block.value)
+    return tabs, examples, text
+
+
+def test_a_photo_model_gets_its_own_page_not_the_digit_one(tmp_path):
+    """A grayscale model of photos (not canonicalised as digits): no drawing, no MNIST digits as
+    examples, the header names its classes; with samples kept in its dir, those are the examples."""
+    from vit_hub.pretrained import VisionTransformer
+
+    model_dir = tmp_path / "shapes"
+    VisionTransformer(**tiny_config(in_channels=1, labels=["circle", "square"])).save_pretrained(model_dir)
+    tabs, examples, text = _page_parts(page.build_demo(backends.TorchPredictor.load(model_dir, threads=None)))
+    assert "Draw" not in tabs and examples == [] and "draw" not in text.lower()
+    assert "one of 2 classes (circle, square)" in text
+
+    write_samples([(Image.new("L", (40, 30), 200), 0), (Image.new("L", (40, 30), 20), 1)], ["circle", "square"],
+                  model_dir)
+    _, examples, _ = _page_parts(page.build_demo(backends.TorchPredictor.load(model_dir, threads=None)))
+    assert [Path(row[0]["path"]).name for row in examples] == ["00_class0.png", "01_class1.png"]
+
+
+def test_a_digit_model_offers_drawing_and_the_bundled_digits(predictor):
+    tabs, examples, text = _page_parts(page.build_demo(predictor))
+    assert "Draw" in tabs and "draw one" in text
+    assert sorted(Path(row[0]["path"]).name for row in examples) == sorted(path.name for path in SAMPLES)

@@ -52,7 +52,7 @@ from vit_hub.train import Trainer  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
 SERVER_FILE = BUNDLED_MODEL / "confusion_matrix.png"  # a real image on the server, never uploaded
-SAMPLE = REPO / "samples" / "mnist_test_0000_label_7.png"
+SAMPLE = REPO / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
 
 
 # Bad files ----------------------------------------------------------------------------------

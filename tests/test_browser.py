@@ -26,7 +26,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
 ]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
-SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"
+SAMPLE = ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
 README_SCREENSHOT = ROOT / "docs" / "app_screenshot.png"
 INSIDE_SCREENSHOT = ROOT / "docs" / "app_inside.png"
 

@@ -21,7 +21,7 @@ from vit_hub.preprocess import preprocess, to_model_domain, to_model_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
-SAMPLES = sorted((ROOT / "samples").glob("mnist_test_*_label_*.png"))
+SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))
 
 
 def label_of(path: Path) -> str:

@@ -24,6 +24,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "config", "positions", "model", "flops",  # the model: its config and pure nn code
         "canonical", "colour", "preprocess", "postprocess", "blanking",  # images in, scores out
         "rollout", "plots",  # attention maps and figures, from arrays
+        "samples",  # a model's example images
     ),
     "train": (
         "data", "folders", "augmentation", "batches",  # the data
@@ -43,7 +44,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "export.timing", "export.verify",
     ),
     "app": (
-        "demo", "demo.backends", "demo.methods", "demo.page", "demo.pictures", "demo.server", "demo.uploads",
+        "demo", "demo.__main__", "demo.backends", "demo.methods", "demo.page", "demo.pictures", "demo.server", "demo.uploads",
         "cli", "__main__",
     ),
 }

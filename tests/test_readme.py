@@ -108,10 +108,10 @@ def _snapshot(folders: list[Path]) -> dict[str, str]:
 @pytest.fixture(scope="module", autouse=True)
 def repo_files_unchanged():
     """The README's examples never write into the bundled model or the samples."""
-    folders = [REPO / "models", REPO / "samples"]
+    folders = [REPO / "models", REPO / "vit_hub" / "bundled" / "samples"]
     before = _snapshot(folders)
     yield
-    assert _snapshot(folders) == before, "a README block changed files under models/ or samples/"
+    assert _snapshot(folders) == before, "a README block changed files under models/ or the bundled samples"
 
 
 @pytest.fixture
@@ -262,7 +262,8 @@ def test_hub_block_against_a_local_hub_and_offline(tmp_path):
     assert hub.unexpected == [] and len(hub.commits) == 1
     assert {"model.onnx", "model_attentions.onnx", "model.safetensors"} <= set(hub.commits[0].files)
     assert (tmp_path / "runs" / "from-hub" / "model.safetensors").is_file()
-    assert sum(line.startswith("samples/") for line in out.splitlines()) == len(list((REPO / "samples").glob("*.png")))
+    digits = list((REPO / "vit_hub" / "bundled" / "samples").glob("*.png"))
+    assert sum(line.startswith("vit_hub/bundled/samples/") for line in out.splitlines()) == len(digits)
 
     commands = [line for line in text.splitlines() if line.startswith("vit-hub ")]
     for command in commands:

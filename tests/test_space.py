@@ -29,11 +29,11 @@ from hub_double import serving_hub
 from vit_hub.card import HUB_TAGS
 from vit_hub.cli import main
 from vit_hub.hub import push_to_hub
-from vit_hub.space import MODEL_FOLDER, REQUIREMENTS, SETTINGS_FILE, read_settings, write_space
+from vit_hub.space import MODEL_FOLDER, REQUIREMENTS, SETTINGS_FILE, SPACE_APP, read_settings, write_space
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
-SAMPLE = ROOT / "samples" / "mnist_test_0000_label_7.png"  # a 7
+SAMPLE = ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"  # a 7
 TOKEN = "hf_vitHubSpaceTestToken0123456789abcdef"
 SPACE = "me/vit-mnist-demo"
 MODEL_REPO = "me/vit-mnist"
@@ -142,11 +142,14 @@ def test_dry_run_writes_a_space_folder_and_uploads_nothing(hub, tmp_path, capsys
     assert f"{hub.url}/spaces/{SPACE}" in printed and "--dry-run" in printed
 
     written = files_of(out)
-    assert written["app.py"] == (ROOT / "app.py").read_bytes()  # this project's app, as it is
+    assert written["app.py"] == SPACE_APP.encode()  # starts vit_hub.demo, as the checkout's app.py does
     for folder, target in (("vit_hub", "vit_hub"), ("export", "vit_hub/export")):  # as vit_hub.export imports
         for source in (ROOT / folder).rglob("*.py"):
             assert written[f"{target}/{source.relative_to(ROOT / folder).as_posix()}"] == source.read_bytes()
     assert not any(name.startswith("export/") for name in written)  # no top-level `export` package
+    digits = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("*.png"))  # the digit model's examples
+    assert len(digits) == 10 and all(written[f"vit_hub/bundled/samples/{path.name}"] == path.read_bytes()
+                                     for path in digits)
     for name in ("config.json", "model.safetensors", "model.onnx", "model_attentions.onnx", "faithfulness.json"):
         assert written[f"{MODEL_FOLDER}/{name}"] == (MODEL_DIR / name).read_bytes()
     assert not any(name.endswith((".pyc", ".gz")) for name in written)  # no caches, no training data

@@ -36,7 +36,7 @@ from vit_hub.pretrained import VisionTransformer, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
-SAMPLE = REPO / "samples" / "mnist_test_0000_label_7.png"
+SAMPLE = REPO / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
 TOKEN = "hf_vitHubUntrustedToken0123456789abc"
 HUB_REPO = "org/untrusted"
 # What a refused load may add to the child's peak RSS, read from VmHWM (torch and vit_hub are

@@ -21,9 +21,9 @@ from .errors import UserError
 from .insight import ModelViews, compute_views, torch_attend, torch_weights
 from .insight_figures import draw_views, save_figure
 from .layout import INSPECT_FIGURES, ModelDir
+from .samples import BUNDLED_DIGITS
 from .storage import reading_safetensors, write_text_atomically
 
-SAMPLES = Path(__file__).resolve().parents[1] / "samples"  # the bundled MNIST digits (a checkout)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 # Each view's figure is written to the file named after it (patch_filters -> patch_filters.png).
 FIGURE_FILES = {Path(name).stem: name for name in INSPECT_FIGURES}
@@ -44,7 +44,7 @@ def read_weights(model_dir: str | Path) -> dict[str, np.ndarray]:
 def default_data(config: ViTConfig) -> Path | None:
     """The bundled samples (MNIST digits) for a model of grayscale digits; None for any other."""
     digits = config.in_channels == 1 and config.labels == list(DIGIT_LABELS)
-    return SAMPLES if digits and SAMPLES.is_dir() else None
+    return BUNDLED_DIGITS if digits else None
 
 
 def load_pixels(data: str | Path, config: ViTConfig, count: int = 64, seed: int = 0,

@@ -16,6 +16,7 @@ A model dir (`models/vit-mnist`):
     attention_distance.png       how far each head looks
     source.json                where imported or fine-tuned weights came from (vit_hub.importing)
     faithfulness.json          how well each explanation tracks the model (bench/faithfulness.py)
+    samples/                   a few validation images, the app's examples (vit_hub.samples)
     checkpoint.safetensors     the latest epoch's full training state (kept local, never pushed)
 
 `ModelDir.config` is the name ("config.json"), `ModelDir(folder).config` its path.
@@ -77,6 +78,7 @@ class ModelDir:
     source = _File("source.json")
     faithfulness = _File("faithfulness.json")
     checkpoint = _File("checkpoint.safetensors")
+    samples = _File("samples")
 
     def __post_init__(self):
         object.__setattr__(self, "folder", Path(self.folder))

@@ -1,13 +1,14 @@
 """A Hugging Face Space that demos a vit_hub model with this project's Gradio app.
 
-`write_space` fills a folder with what a Gradio Space runs: `app.py` and the sources of
-the `vit_hub` package copied from this checkout (a Space cannot install them from anywhere
-else; the checkout's `export/` goes to `vit_hub/export/`, where its import name finds it
-with no install), the bundled sample digits, `requirements.txt`, a README whose front
-matter tells the Hub how to run it, and `space.json`, which names the model `app.py`
-serves when it starts with no flags:
+`write_space` fills a folder with what a Gradio Space runs: an `app.py` that starts
+`vit_hub.demo`, the sources of the `vit_hub` package copied from where it runs (installed or
+a checkout; a Space cannot install them from anywhere else; `vit_hub.export` goes to
+`vit_hub/export/`, where its import name finds it with no install) with its bundled sample
+digits, `requirements.txt`, a README whose front matter tells the Hub how to run it, and
+`space.json`, which names the model `app.py` serves when it starts with no flags:
 
-  - a model folder is bundled into the Space (`model/`; small models, see MAX_BUNDLE_BYTES);
+  - a model folder is bundled into the Space (`model/`, with its sample images; small models,
+    see MAX_BUNDLE_BYTES);
   - a Hub repo id is pulled when the Space starts, pinned to the commit it had when the
     Space was written, so a later push to the model repo does not change the demo.
 
@@ -17,13 +18,14 @@ faster, and a CPU Space has no use for it), so the model needs its ONNX graphs
 The methods that need gradients are not offered there.
 
 `push_space` uploads the folder as a Space repo in one commit. This module never imports
-app.py (imports point app -> export -> vit_hub); it copies it as a file.
+vit_hub.export (imports point app -> export -> vit_hub); it finds its files.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import json
 import shutil
 import sys
@@ -36,6 +38,7 @@ from .errors import UserError
 from .hub import (DEFAULT_BRANCH, _push_token, check_config, check_model_dir, check_repo_id, fetch_file,
                   has_file, hub_endpoint, hub_errors)
 from .layout import PUBLISHED_FILES, ExportLayout, ModelDir
+from .samples import BUNDLED_DIGITS, kept_samples
 
 SETTINGS_FILE = "space.json"  # in the Space folder: the model app.py serves and how
 MODEL_FOLDER = "model"  # a bundled model's folder inside the Space
@@ -45,13 +48,10 @@ MAX_SETTINGS_BYTES = 64 * 2**10
 # What the app reads of a model dir beyond what a push uploads: the page's faithfulness line
 # (written by bench/faithfulness.py --write).
 APP_EXTRA_FILES = (ModelDir.faithfulness,)
-CHECKOUT = Path(__file__).resolve().parents[1]  # where app.py, export/ and samples/ are
-SOURCES = (  # (a folder of CHECKOUT, its files, where they go in the Space)
-    (".", "app.py", "."),
-    ("vit_hub", "**/*.py", "vit_hub"),
-    ("export", "*.py", "vit_hub/export"),  # the package vit_hub.export (pyproject.toml maps it so)
-    ("samples", "*.png", "samples"),
-)
+PACKAGE = Path(__file__).resolve().parent  # vit_hub, installed or in a checkout
+SPACE_APP = ('"""The Space\'s entry point, written by `vit-hub space`: the vit_hub Gradio app (vit_hub/demo), '
+             'serving the model that space.json names."""\n\nfrom vit_hub.demo.server import main\n\n'
+             'if __name__ == "__main__":\n    main()\n')
 # The packages the app imports on its ONNX path, pinned to the versions installed here.
 # onnxruntime stands for the installed onnxruntime-gpu: see ONNXRUNTIME_NOTE.
 REQUIREMENTS = ("gradio", "onnxruntime", "onnx", "huggingface_hub", "numpy", "scipy", "pillow", "matplotlib",
@@ -87,10 +87,6 @@ def write_space(model: str | Path, out: str | Path, repo_id: str, revision: str 
     check_repo_id(repo_id, flag="--repo-id")
     out = Path(out)
     _check_out(out)
-    missing = [f"{folder}/{files}" for folder, files, _ in SOURCES if not any((CHECKOUT / folder).glob(files))]
-    if missing:
-        raise FileNotFoundError(f"space: expected this project's sources ({', '.join(missing)}) beside the "
-                                f"vit_hub package in {CHECKOUT}, found none; run it from a source checkout")
     if Path(model).is_dir():
         model_dir = Path(model)
         bundled = _files_to_bundle(model_dir)
@@ -102,9 +98,10 @@ def write_space(model: str | Path, out: str | Path, repo_id: str, revision: str 
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    files = _copy_sources(out) + [_copy(path, out / MODEL_FOLDER / path.name, out) for path in bundled]
+    files = [_copy(path, out / target, out) for target, path in source_files().items()]
+    files += [_copy(path, out / MODEL_FOLDER / path.relative_to(model), out) for path in bundled]
     licence = _licence(card)
-    for name, text in ((SETTINGS_FILE, json.dumps(dataclasses.asdict(settings), indent=2) + "\n"),
+    for name, text in (("app.py", SPACE_APP), (SETTINGS_FILE, json.dumps(dataclasses.asdict(settings), indent=2) + "\n"),
                        ("requirements.txt", requirements_text()),
                        (ModelDir.card, readme_text(repo_id, settings, model_repo, licence))):  # a Space's card too
         (out / name).write_text(text, encoding="utf-8")
@@ -133,7 +130,7 @@ def _files_to_bundle(model_dir: Path) -> list[Path]:
                                     f"--out {model_dir} --output-attentions")
     names = [name for name in (*PUBLISHED_FILES, *APP_EXTRA_FILES) if name != ModelDir.card]  # the Space has its own
     paths = [model_dir / name for name in names] + [layout.logits, layout.attentions]
-    paths = [path for path in paths if path.is_file() and not path.is_symlink()]
+    paths = [path for path in paths if path.is_file() and not path.is_symlink()] + kept_samples(model_dir)
     size = sum(path.stat().st_size for path in paths)
     if size > MAX_BUNDLE_BYTES:
         raise UserError(f"space: {model_dir} is {size / 2**20:.0f} MB, over the {MAX_BUNDLE_BYTES // 2**20} MB "
@@ -158,9 +155,15 @@ def _pinned_commit(repo_id: str, revision: str | None, token: str | None) -> str
     return commit
 
 
-def _copy_sources(out: Path) -> list[str]:
-    return [_copy(path, out / target / path.relative_to(CHECKOUT / folder), out)
-            for folder, files, target in SOURCES for path in sorted((CHECKOUT / folder).glob(files)) if path.is_file()]
+def source_files() -> dict[str, Path]:
+    """{path in the Space: file here} for the app's sources: the vit_hub package where it runs
+    from, vit_hub.export wherever the import system finds it (the checkout's export/ folder, or
+    vit_hub/export/ once installed) and the bundled sample digits."""
+    export = Path(importlib.util.find_spec(f"{__package__}.export").origin).parent
+    files = {f"vit_hub/{path.relative_to(PACKAGE).as_posix()}": path for path in sorted(PACKAGE.rglob("*.py"))}
+    files |= {f"vit_hub/export/{path.name}": path for path in sorted(export.glob("*.py"))}
+    files |= {f"vit_hub/{path.relative_to(PACKAGE).as_posix()}": path for path in sorted(BUNDLED_DIGITS.glob("*.png"))}
+    return files
 
 
 def _copy(source: Path, target: Path, root: Path) -> str:

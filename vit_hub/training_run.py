@@ -19,6 +19,7 @@ from .distributed import stop_runtime
 from .fine_tune import PretrainedStart
 from .importing import load_init
 from .inspecting import views_after_training
+from .samples import write_samples
 from .settings import TrainSettings, check_out_is_a_folder, check_out_is_free, check_settings
 from .train import Trainer, build_trainer
 
@@ -59,6 +60,10 @@ def pretrained_start(settings: TrainSettings) -> PretrainedStart | None:
 
 def write_views_and_card(trainer: Trainer) -> None:
     """What a finished run leaves besides the loop's files: the views of what its best model
-    learned (measured on the validation split) and the model card that shows them all."""
-    views_after_training(trainer.best_model, trainer.out.folder, trainer.loaders.eval_sets.get("val"))
+    learned (measured on the validation split), a few validation images as the app's examples
+    (vit_hub.samples) and the model card that shows them all."""
+    validation = trainer.loaders.eval_sets.get("val")
+    views_after_training(trainer.best_model, trainer.out.folder, validation)
+    if validation is not None:  # the images as they were read, before preprocessing
+        write_samples(validation.dataset, trainer.config.labels, trainer.out.folder)
     write_model_card(trainer.out.folder)

@@ -1,6 +1,6 @@
 """The Gradio page and its named API endpoints, for any backend that implements `Predictor`.
 
-The Classify tab takes an upload (or, for grayscale models, a drawing) and shows the top-k
+The Classify tab takes an upload (or, for a digit model, a drawing) and shows the top-k
 classes, the chosen method's map over the image, rollout after each layer, the model's input
 and each head's attention; the Inside tab shows what the model learned. The endpoints, for
 gradio_client or plain HTTP:
@@ -35,6 +35,7 @@ from ..inspecting import default_data, load_pixels
 from ..preprocess import model_pixels, pixel_limit, to_model_domain
 from ..postprocess import top_k
 from ..rollout import HEAD_FUSIONS
+from ..samples import example_images, is_digit_model
 from .backends import Predictor
 from .methods import faithfulness_table, opening_method
 from .pictures import answer, explain, map_values
@@ -42,9 +43,9 @@ from .uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, read_dra
                       without_paths)
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a Space folder
-SAMPLES = CHECKOUT / "samples"  # MNIST test digits, the page's examples
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
 QUEUE_SIZE = 64
+MAX_LABELS_NAMED = 5  # the header names a model's first classes, then says how many more
 # Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck.
 CSS = "#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }"
 INSIDE_TITLES = {
@@ -125,8 +126,7 @@ def build_demo(predictor: Predictor) -> gr.Blocks:
 
 def _header(predictor: Predictor, default_method: str) -> None:
     config = predictor.config
-    drawn = " or draw a digit" if config.in_channels == 1 else ""
-    gr.Markdown(f"## vit_hub: what the Vision Transformer looks at\nUpload an image{drawn}: the model names "
+    gr.Markdown(f"## vit_hub: what the Vision Transformer looks at\n{_invitation(config)}: the model names "
                 f"what it sees, and the map shows which patches made it say so.")
     with gr.Accordion("How faithful is this map?", open=False):
         gr.Markdown(
@@ -144,7 +144,7 @@ def _classify_tab(handlers: Handlers) -> None:
     config = handlers.predictor.config
     with gr.Row():
         with gr.Column():
-            image, drawing, submit, submit_drawing = _inputs(config)
+            image, drawing, submit, submit_drawing = _inputs(config, example_images(handlers.predictor.model_dir, config))
             controls = _controls(handlers)
         with gr.Column():
             outputs = _outputs(config)
@@ -164,8 +164,18 @@ def _classify_tab(handlers: Handlers) -> None:
                              api_name="explain_drawing", **queued)
 
 
-def _inputs(config: ViTConfig) -> tuple[gr.Image, Any, gr.Button, Any]:
-    """(upload, drawing, their buttons); no drawing for a colour model."""
+def _invitation(config: ViTConfig) -> str:
+    """What the page asks for, in the model's own words: its labels (a few of them when many)."""
+    if is_digit_model(config):
+        return "Upload an image of a digit or draw one"
+    labels = config.labels
+    named = ", ".join(labels[:MAX_LABELS_NAMED]) + (f" and {len(labels) - MAX_LABELS_NAMED} more classes"
+                                                    if len(labels) > MAX_LABELS_NAMED else "")
+    return f"Upload an image of one of {len(labels)} classes ({named})"
+
+
+def _inputs(config: ViTConfig, examples: list[Path]) -> tuple[gr.Image, Any, gr.Button, Any]:
+    """(upload, drawing, their buttons); a drawing for a digit model only."""
     drawing = submit_drawing = None
     with gr.Tabs():
         with gr.Tab("Upload"):
@@ -175,9 +185,10 @@ def _inputs(config: ViTConfig) -> tuple[gr.Image, Any, gr.Button, Any]:
             gr.Markdown(f"Images of {pixel_limit(APP_MAX_PIXELS)} (a larger JPEG photo is read scaled down), "
                         f"files of at most {MAX_FILE_SIZE}.",
                         elem_id="upload-limits")
-            if config.in_channels == 1:  # the bundled samples are MNIST digits
-                _examples(image)
-        if config.in_channels == 1:
+            if examples:
+                gr.Examples([[str(path)] for path in examples], inputs=[image], label="Examples",
+                            examples_per_page=len(examples))
+        if is_digit_model(config):
             with gr.Tab("Draw"):
                 drawing = checked_sketchpad(
                     type="pil", image_mode="RGB", canvas_size=(400, 400), layers=False,
@@ -260,13 +271,6 @@ def _model_input_label(config: ViTConfig) -> str:
     if config.canonicalize == "digit":
         return f"What the model saw: the digit cropped, centred and scaled like MNIST ({size})"
     return f"What the model saw ({size})"
-
-
-def _examples(image: gr.Image) -> None:
-    paths = sorted(SAMPLES.glob("*.png"))
-    if paths:
-        gr.Examples([[str(path)] for path in paths], inputs=[image], label="Bundled samples",
-                    examples_per_page=len(paths))
 
 
 def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, **launch: Any):
