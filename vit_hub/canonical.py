@@ -48,6 +48,9 @@ FRAME_SIDE_SHARE = 0.5  # an edge-to-edge piece along this share of a side or mo
 CORNER_SIDE_SHARE = 0.3  # a piece along this share of two sides that meet fills a corner: the desk
 CROP_MARGIN = 0.05  # the detail crop's margin around the ink box, as a share of its longer side
 
+BLANK_IMAGE = "expected an image of a digit, found a blank image (no ink)"
+NO_INK = "expected an image of a digit, found no ink standing out from the background"
+
 
 class EmptyImageError(UserError):
     """The image holds no ink to canonicalise (a blank page, an empty drawing)."""
@@ -75,7 +78,7 @@ def ink_signal(gray: Image.Image) -> Image.Image:
     darkest = 255 - np.percentile(shrink(inverted, WORK_SIDE), EXTREME_PERCENTILE)
     brightest = np.percentile(shrink(gray, WORK_SIDE), EXTREME_PERCENTILE)
     if max(median - darkest, brightest - median) < MIN_CONTRAST:
-        raise EmptyImageError("expected an image of a digit, found a blank image (no ink)")
+        raise EmptyImageError(BLANK_IMAGE)
     return inverted if median - darkest > brightest - median else gray
 
 
@@ -124,7 +127,7 @@ class Paper:
         noise = 1.4826 * np.median(np.abs(residual - np.median(residual)))  # the paper's own deviation
         stands_out = residual > max(MIN_CONTRAST, NOISE_MARGIN * noise)
         if not stands_out.any():
-            raise EmptyImageError("expected an image of a digit, found no ink standing out from the background")
+            raise EmptyImageError(NO_INK)
         return cls(surface, float(np.median(_upper_class(residual[stands_out]))))
 
     def ink(self, signal: np.ndarray, top_left: tuple[float, float], extent: tuple[float, float]) -> np.ndarray:
@@ -284,7 +287,7 @@ def _without_outliers(ink: np.ndarray) -> np.ndarray:
     set to 0. A digit's own ink lies within 1.8 of them even when spread evenly."""
     mass = ink.sum()
     if mass <= 0:
-        raise EmptyImageError("expected an image of a digit, found no ink standing out from the background")
+        raise EmptyImageError(NO_INK)
     rows, cols = np.indices(ink.shape)
     keep = np.ones(ink.shape, dtype=bool)
     for position in (rows, cols):
@@ -299,11 +302,16 @@ def _fit_to_box(shape: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     its aspect; averaging over the pixels each output pixel covers gives MNIST's grey edges."""
     rows, cols = np.nonzero(shape)
     shape = shape[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
-    box_h, box_w = (max(1, round(side * DIGIT_BOX_SHARE)) for side in size)
+    box_h, box_w = digit_box(size)
     scale = min(box_h / shape.shape[0], box_w / shape.shape[1])
     new_h, new_w = max(1, round(shape.shape[0] * scale)), max(1, round(shape.shape[1] * scale))
     image = Image.fromarray(shape.astype(np.float32) * 255.0)
     return np.clip(np.asarray(image.resize((new_w, new_h), Image.Resampling.BOX)), 0.0, 255.0)
+
+
+def digit_box(size: tuple[int, int]) -> tuple[int, int]:
+    """The box (height, width) a digit's longer side is scaled to fill in a frame of `size`."""
+    return tuple(max(1, round(side * DIGIT_BOX_SHARE)) for side in size)
 
 
 def _centre_by_mass(ink: np.ndarray, size: tuple[int, int]) -> Image.Image:

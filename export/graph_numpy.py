@@ -1,0 +1,341 @@
+"""What `vit_hub.canonical` and `vit_hub.preprocess` take from NumPy, SciPy and Pillow, written
+as ONNX operators, each to give the same numbers as the library it stands for: medians and
+percentiles as NumPy takes them, Pillow's resampling filters and `reduce`, SciPy's connected
+pieces, dilation, erosion and filled holes. `pipeline_graph` and `canonical_graph` build on them.
+
+Conventions: `g` is a `GraphBuilder`; an image plane is a 2-D tensor [h, w]; sizes are int64
+scalars; a mask is a bool tensor. Connected pieces are found by letting each inked pixel take
+the largest index among its neighbours until nothing changes (a Loop of MaxPools), so a piece's
+label is the largest flat index in it plus one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder
+
+PIL_PRECISION_BITS = 22  # Pillow's fixed-point resampling of 8-bit images: 32 - 8 - 2 bits
+PROPAGATION_STEPS = 4  # neighbour steps per loop turn when labelling pieces
+
+
+# Sizes and indices -----------------------------------------------------------------------
+def dims(g: GraphBuilder, plane: str) -> tuple[str, str]:
+    """(height, width) of a 2-D tensor, as int64 scalars."""
+    shape = g.Shape(plane)
+    return tuple(g.Squeeze(g.Slice(shape, g.const([axis]), g.const([axis + 1])), g.const([0])) for axis in (0, 1))
+
+
+def vector(g: GraphBuilder, *scalars: str) -> str:
+    """int64 scalars -> a 1-D shape tensor."""
+    return g.Concat(*(g.Unsqueeze(scalar, g.const([0])) for scalar in scalars), axis=0)
+
+
+def as_double(g: GraphBuilder, value: str) -> str:
+    return g.Cast(value, to=DOUBLE)
+
+
+def positions(g: GraphBuilder, size: str, kind: int = DOUBLE) -> str:
+    """0, 1, ..., size - 1 as a 1-D tensor of `kind`."""
+    return g.Cast(g.Range(g.const(0), size, g.const(1)), to=kind)
+
+
+def grid(g: GraphBuilder, height: str, width: str, kind: int = DOUBLE) -> tuple[str, str]:
+    """Row and column indices [h, w] (np.indices)."""
+    rows = g.Unsqueeze(positions(g, height, kind), g.const([1]))  # [h, 1]
+    cols = g.Unsqueeze(positions(g, width, kind), g.const([0]))  # [1, w]
+    zeros = g.Mul(g.Add(rows, cols), g.CastLike(g.const(0), rows))  # [h, w]
+    return g.Add(zeros, rows), g.Add(zeros, cols)
+
+
+# Order statistics --------------------------------------------------------------------------
+def _sorted(g: GraphBuilder, values: str) -> str:
+    """A 1-D tensor sorted ascending."""
+    count = g.Shape(values)
+    return g.TopK(values, count, outputs=2, largest=0, sorted=1)[0]
+
+
+def _at(g: GraphBuilder, values: str, index: str) -> str:
+    return g.Gather(values, g.Cast(index, to=INT64))
+
+
+def median(g: GraphBuilder, values: str) -> str:
+    """np.median of a 1-D double tensor: the middle value, or the mean of the middle two."""
+    return masked_median(g, values, g.Not(g.IsNaN(values)))
+
+
+def masked_median(g: GraphBuilder, values: str, mask: str) -> str:
+    """np.median(values[mask]) of a 1-D double tensor (the others are pushed past the end)."""
+    count = g.ReduceSum(g.Cast(mask, to=INT64), keepdims=0)
+    ordered = _sorted(g, g.Where(mask, values, g.const(np.inf, np.float64)))
+    lower = g.Div(g.Sub(count, g.const(1)), g.const(2))
+    upper = g.Div(count, g.const(2))
+    return g.Div(g.Add(_at(g, ordered, lower), _at(g, ordered, upper)), g.const(2.0, np.float64))
+
+
+def percentile(g: GraphBuilder, values: str, q: float) -> str:
+    """np.percentile(values, q) of a 1-D double tensor, NumPy's linear method to the last bit."""
+    ordered = _sorted(g, values)
+    last = g.Sub(g.Cast(g.Size(values), to=DOUBLE), g.const(1.0, np.float64))
+    virtual = g.Mul(g.const(np.true_divide(q, 100), np.float64), last)
+    previous = g.Floor(virtual)
+    following = g.Min(g.Add(previous, g.const(1.0, np.float64)), last)
+    low, high = _at(g, ordered, previous), _at(g, ordered, following)
+    gamma = g.Sub(virtual, previous)
+    step = g.Sub(high, low)
+    from_low = g.Add(low, g.Mul(step, gamma))
+    from_high = g.Sub(high, g.Mul(step, g.Sub(g.const(1.0, np.float64), gamma)))
+    return g.Where(g.GreaterOrEqual(gamma, g.const(0.5, np.float64)), from_high, from_low)
+
+
+def masked_mean_std(g: GraphBuilder, values: str, mask: str) -> tuple[str, str]:
+    """(mean, np.std) of values[mask], 1-D doubles."""
+    weight = g.Cast(mask, to=DOUBLE)
+    count = g.ReduceSum(weight, keepdims=0)
+    mean = g.Div(g.ReduceSum(g.Mul(values, weight), keepdims=0), count)
+    spread = g.Div(g.ReduceSum(g.Mul(g.Mul(g.Sub(values, mean), g.Sub(values, mean)), weight), keepdims=0), count)
+    return mean, g.Sqrt(spread)
+
+
+# Pillow's resampling -----------------------------------------------------------------------
+def _filter(g: GraphBuilder, name: str, t: str) -> tuple[str, float]:
+    """Pillow's filter of `name` at offsets t (doubles) -> (weights, its support)."""
+    one = g.const(1.0, np.float64)
+    size = g.Abs(t)
+    if name == "box":
+        inside = g.And(g.Greater(t, g.const(-0.5, np.float64)), g.LessOrEqual(t, g.const(0.5, np.float64)))
+        return g.Cast(inside, to=DOUBLE), 0.5
+    if name == "bilinear":
+        return g.Max(g.Sub(one, size), g.const(0.0, np.float64)), 1.0
+    if name == "bicubic":  # Pillow's a = -0.5
+        a = -0.5
+        near = g.Add(g.Mul(g.Sub(g.Mul(g.const(a + 2, np.float64), size), g.const(a + 3, np.float64)),
+                           g.Mul(size, size)), one)
+        far = g.Mul(g.Sub(g.Mul(g.Add(g.Mul(g.Sub(size, g.const(5.0, np.float64)), size), g.const(8.0, np.float64)),
+                                size), g.const(4.0, np.float64)), g.const(a, np.float64))
+        return g.Where(g.Less(size, one), near,
+                       g.Where(g.Less(size, g.const(2.0, np.float64)), far, g.const(0.0, np.float64))), 2.0
+    if name in ("hamming", "lanczos"):
+        support = 1.0 if name == "hamming" else 3.0
+        window = (g.Add(g.const(0.54, np.float64), g.Mul(g.const(0.46, np.float64), g.Cos(g.Mul(t, g.const(math.pi, np.float64)))))
+                  if name == "hamming" else _sinc(g, g.Div(t, g.const(3.0, np.float64))))
+        inside = g.Less(size, g.const(support, np.float64))
+        return g.Where(inside, g.Mul(_sinc(g, t), window), g.const(0.0, np.float64)), support
+    raise ValueError(f"expected one of Pillow's filters box, bilinear, bicubic, hamming, lanczos, got {name!r}")
+
+
+def _sinc(g: GraphBuilder, t: str) -> str:
+    angle = g.Mul(t, g.const(math.pi, np.float64))
+    zero = g.Equal(t, g.const(0.0, np.float64))
+    return g.Where(zero, g.const(1.0, np.float64), g.Div(g.Sin(angle), g.Where(zero, g.const(1.0, np.float64), angle)))
+
+
+def resample_weights(g: GraphBuilder, size_in: str, size_out: str, name: str, eight_bit: bool) -> str:
+    """Pillow's coefficients [out, in] for resizing one axis (precompute_coeffs): each output
+    pixel weighs the inputs within the filter's support around its centre, scaled when
+    shrinking, normalised to sum 1; for 8-bit images rounded to PIL_PRECISION_BITS fixed point."""
+    scale = g.Div(as_double(g, size_in), as_double(g, size_out))
+    filter_scale = g.Max(scale, g.const(1.0, np.float64))
+    centre = g.Unsqueeze(g.Mul(g.Add(positions(g, size_out), g.const(0.5, np.float64)), scale), g.const([1]))  # [out, 1]
+    inputs = g.Unsqueeze(positions(g, size_in), g.const([0]))  # [1, in]
+    weights, support = _filter(g, name, g.Div(g.Add(g.Sub(inputs, centre), g.const(0.5, np.float64)), filter_scale))
+    reach = g.Mul(g.const(support, np.float64), filter_scale)
+    first = g.Max(_truncate(g, g.Add(g.Sub(centre, reach), g.const(0.5, np.float64))), g.const(0.0, np.float64))
+    end = g.Min(_truncate(g, g.Add(g.Add(centre, reach), g.const(0.5, np.float64))), as_double(g, size_in))
+    window = g.Cast(g.And(g.GreaterOrEqual(inputs, first), g.Less(inputs, end)), to=DOUBLE)
+    weights = g.Mul(weights, window)
+    total = g.ReduceSum(weights, g.const([1]), keepdims=1)
+    weights = g.Div(weights, g.Where(g.Equal(total, g.const(0.0, np.float64)), g.const(1.0, np.float64), total))
+    if eight_bit:  # Pillow rounds half away from zero
+        fixed = g.Mul(weights, g.const(float(1 << PIL_PRECISION_BITS), np.float64))
+        weights = g.Mul(g.Sign(fixed), g.Floor(g.Add(g.Abs(fixed), g.const(0.5, np.float64))))
+    return weights
+
+
+def _truncate(g: GraphBuilder, value: str) -> str:
+    """C's (int) of a double: towards zero."""
+    return g.Mul(g.Sign(value), g.Floor(g.Abs(value)))
+
+
+def _pass(g: GraphBuilder, pixels: str, weights: str, eight_bit: bool, kind: int) -> str:
+    """One resampling pass along the last axis: [..., in] x weights [out, in] -> [..., out]."""
+    total = g.MatMul(pixels, g.Cast(g.Transpose(weights), to=kind))
+    if not eight_bit:  # Pillow keeps "F" images in float32 between passes
+        return g.Cast(g.Cast(total, to=FLOAT), to=kind)
+    half = g.CastLike(g.const(float(1 << (PIL_PRECISION_BITS - 1))), total)
+    unit = g.CastLike(g.const(float(1 << PIL_PRECISION_BITS)), total)
+    return g.Clip(g.Floor(g.Div(g.Add(total, half), unit)), g.CastLike(g.const(0.0), total),
+                  g.CastLike(g.const(255.0), total))
+
+
+def resample(g: GraphBuilder, pixels: str, height: str, width: str, name: str, eight_bit: bool,
+             kind: int = DOUBLE) -> str:
+    """Image.resize((width, height), filter) of pixels [channels, h, w] (of `kind`): Pillow's
+    two passes, the width first; with `eight_bit`, rounded and clipped to 0-255 after each pass
+    as Pillow does for "L" and "RGB" images (else as for "F" images)."""
+    if name == "nearest":
+        return _nearest(g, pixels, height, width)
+    old_height, old_width = _last_two(g, pixels)
+    across = _pass(g, pixels, resample_weights(g, old_width, width, name, eight_bit), eight_bit, kind)
+    down = _pass(g, g.Transpose(across, perm=[0, 2, 1]), resample_weights(g, old_height, height, name, eight_bit),
+                 eight_bit, kind)
+    return g.Transpose(down, perm=[0, 2, 1])
+
+
+def _last_two(g: GraphBuilder, pixels: str) -> tuple[str, str]:
+    """(height, width) of [channels, h, w]."""
+    shape = g.Shape(pixels)
+    return tuple(g.Squeeze(g.Slice(shape, g.const([axis]), g.const([axis + 1])), g.const([0])) for axis in (1, 2))
+
+
+def _nearest(g: GraphBuilder, pixels: str, height: str, width: str) -> str:
+    """Pillow's NEAREST: each output pixel takes the input pixel under its centre, the centres
+    found as Pillow finds them (half a step, then adding a step at a time, in doubles)."""
+    old_height, old_width = _last_two(g, pixels)
+    result = pixels
+    for axis, old, new in ((-1, old_width, width), (-2, old_height, height)):
+        step = g.Div(as_double(g, old), as_double(g, new))
+        steps = g.Expand(step, g.Unsqueeze(new, g.const([0])))  # [new]
+        first = g.Concat(g.Mul(g.Unsqueeze(step, g.const([0])), g.const([0.5], np.float64)),
+                         g.Slice(steps, g.const([1]), g.Unsqueeze(new, g.const([0]))), axis=0)
+        index = g.Cast(g.Floor(g.CumSum(first, g.const(0))), to=INT64)
+        result = g.Gather(result, g.Min(index, g.Sub(old, g.const(1))), axis=axis)
+    return result
+
+
+def reduce_mean(g: GraphBuilder, plane: str, factor: str) -> str:
+    """Image.reduce(factor) of an 8-bit plane float32 [h, w], as doubles: the rounded mean of
+    each factor x factor block, the edge blocks over the pixels they have, with Pillow's
+    fixed-point division (a multiplier of 2^24 // count)."""
+    ones = g.Add(g.Mul(plane, g.const(0.0)), g.const(1.0))
+    total, count = (as_double(g, block_reduce(g, values, factor, "ReduceSum", pad_value=0.0)) for values in (plane, ones))
+    multiplier = g.Floor(g.Div(g.const(float(1 << 24), np.float64), count))
+    amended = g.Add(total, g.Floor(g.Div(count, g.const(2.0, np.float64))))
+    return g.Floor(g.Div(g.Mul(amended, multiplier), g.const(float(1 << 24), np.float64)))
+
+
+def block_reduce(g: GraphBuilder, plane: str, factor: str, reduction: str, pad_value: float | None = None) -> str:
+    """Each factor x factor block of a plane [h, w] -> one value (`reduction`: "ReduceSum",
+    "ReduceMax"); the last blocks padded with `pad_value`, or with their edge pixels."""
+    height, width = dims(g, plane)
+    padded_height, padded_width = (g.Mul(g.Div(g.Sub(g.Add(side, factor), g.const(1)), factor), factor)
+                                   for side in (height, width))
+    pads = vector(g, g.const(0), g.const(0), g.Sub(padded_height, height), g.Sub(padded_width, width))
+    if pad_value is None:
+        padded = g.Pad(plane, pads, mode="edge")
+    else:
+        padded = g.Pad(plane, pads, g.CastLike(g.const(pad_value), plane), mode="constant")
+    blocks = g.Reshape(padded, vector(g, g.Div(padded_height, factor), factor, g.Div(padded_width, factor), factor))
+    return g.op(reduction, blocks, g.const([1, 3]), keepdims=0)
+
+
+# SciPy's ndimage ---------------------------------------------------------------------------
+EIGHT = np.ones((3, 3), dtype=bool)  # ndimage's structure=np.ones((3, 3)): corners connect
+FOUR = np.array([[0, 1, 0], [1, 1, 1], [0, 1, 0]], dtype=bool)  # ndimage's default: edges only
+
+
+def _image4(g: GraphBuilder, plane: str) -> str:
+    return g.Unsqueeze(plane, g.const([0, 1]))  # [1, 1, h, w]
+
+
+def _plane(g: GraphBuilder, image4: str) -> str:
+    return g.Squeeze(image4, g.const([0, 1]))
+
+
+def _neighbour_max(g: GraphBuilder, values4: str, structure: np.ndarray) -> str:
+    """Largest value among each pixel's neighbours by `structure` (EIGHT or FOUR), [1, 1, h, w]."""
+    if structure.all():
+        return g.MaxPool(values4, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    return g.Max(g.MaxPool(values4, kernel_shape=[3, 1], pads=[1, 0, 1, 0]),
+                 g.MaxPool(values4, kernel_shape=[1, 3], pads=[0, 1, 0, 1]))
+
+
+def spread_max(g: GraphBuilder, values: str, mask: str, structure: np.ndarray) -> str:
+    """Within each connected piece of `mask`, every pixel's float value [h, w] becomes the
+    largest in its piece (0 outside the mask)."""
+    zero = g.const(0.0)
+    start = _image4(g, g.Where(mask, values, zero))
+    mask4 = _image4(g, mask)
+    height, width = dims(g, values)
+
+    def turn(inner: GraphBuilder, state: list[str]) -> tuple[str, list[str]]:
+        current = state[0]
+        spread = current
+        for _ in range(PROPAGATION_STEPS):
+            spread = inner.Where(mask4, _neighbour_max(inner, spread, structure), zero)
+        changed = inner.Greater(inner.ReduceMax(inner.Sub(spread, current), keepdims=0), zero)
+        return changed, [spread]
+
+    (final,) = g.loop(g.Mul(height, width), [(start, FLOAT)], turn)
+    return _plane(g, final)
+
+
+def label(g: GraphBuilder, mask: str, structure: np.ndarray) -> str:
+    """ndimage.label's pieces as float labels [h, w]: 0 outside the mask, and within each piece
+    its largest flat index + 1 (not numbered 1, 2, ... but one label a piece all the same)."""
+    height, width = dims(g, mask)
+    index = g.Reshape(g.Add(positions(g, g.Mul(height, width), FLOAT), g.const(1.0)), vector(g, height, width))
+    return spread_max(g, index, mask, structure)
+
+
+def count_pieces(g: GraphBuilder, labels: str) -> str:
+    """How many pieces `label` found (its second return value in ndimage): the pixels that
+    carry their own index as their label."""
+    height, width = dims(g, labels)
+    index = g.Reshape(g.Add(positions(g, g.Mul(height, width), FLOAT), g.const(1.0)), vector(g, height, width))
+    return g.ReduceSum(g.Cast(g.Equal(labels, index), to=INT64), keepdims=0)
+
+
+def by_label(g: GraphBuilder, labels: str, values: str, reduction: str = "add") -> str:
+    """For each pixel, the sum ("add") or the largest ("max") of `values` (doubles [h, w]) over
+    its piece (np.bincount with weights, or ndimage.maximum, read back per pixel)."""
+    flat = g.Cast(g.Reshape(labels, g.const([-1])), to=INT64)
+    start = g.const([0.0 if reduction == "add" else -np.inf], np.float64)
+    slots = g.Concat(g.Add(g.Mul(g.Cast(flat, to=DOUBLE), g.const(0.0, np.float64)), start), start,
+                     axis=0)  # one per label: 0 (the background) to the pixel count
+    totals = g.ScatterElements(slots, flat, g.Reshape(values, g.const([-1])), reduction=reduction)
+    return g.Reshape(g.Gather(totals, flat), g.Shape(labels))
+
+
+def convolve_count(g: GraphBuilder, mask: str, kernel: str, radius: str | int) -> str:
+    """How many pixels of `mask` each pixel's `kernel` (float [k, k], k = 2 radius + 1) covers,
+    outside the image counting as empty: float [h, w]."""
+    radius = g.const(radius) if isinstance(radius, int) else radius
+    pads = vector(g, g.const(0), g.const(0), radius, radius, g.const(0), g.const(0), radius, radius)
+    padded = g.Pad(_image4(g, g.Cast(mask, to=FLOAT)), pads, g.const(0.0), mode="constant")
+    return _plane(g, g.Conv(padded, g.Unsqueeze(kernel, g.const([0, 1]))))
+
+
+def dilate(g: GraphBuilder, mask: str, kernel: str, radius: str | int) -> str:
+    """ndimage.binary_dilation(mask, structure=kernel)."""
+    return g.Greater(convolve_count(g, mask, kernel, radius), g.const(0.5))
+
+
+def erode(g: GraphBuilder, mask: str) -> str:
+    """ndimage.binary_erosion(mask): a pixel stays if it and its four neighbours are inked
+    (outside the image counts as empty)."""
+    return g.Greater(convolve_count(g, mask, g.const(FOUR.astype(np.float32)), 1), g.const(4.5))
+
+
+def disk(g: GraphBuilder, radius: str) -> str:
+    """canonical._disk(radius) as float [2r + 1, 2r + 1], for a radius known only at run time."""
+    offsets = g.Cast(g.Range(g.Neg(radius), g.Add(radius, g.const(1)), g.const(1)), to=FLOAT)
+    squares = g.Mul(offsets, offsets)
+    distance = g.Add(g.Unsqueeze(squares, g.const([1])), g.Unsqueeze(squares, g.const([0])))
+    limit = g.Cast(g.Add(g.Mul(radius, radius), radius), to=FLOAT)
+    return g.Cast(g.LessOrEqual(distance, limit), to=FLOAT)
+
+
+def fill_holes(g: GraphBuilder, mask: str) -> str:
+    """ndimage.binary_fill_holes(mask): the background that no edge-connected path of
+    background joins to the image's border is filled."""
+    height, width = dims(g, mask)
+    rows, cols = grid(g, height, width, FLOAT)
+    last_row, last_col = (g.Cast(g.Sub(side, g.const(1)), to=FLOAT) for side in (height, width))
+    border = g.Or(g.Or(g.Equal(rows, g.const(0.0)), g.Equal(cols, g.const(0.0))),
+                  g.Or(g.Equal(rows, last_row), g.Equal(cols, last_col)))
+    background = g.Not(mask)
+    outside = spread_max(g, g.Cast(border, to=FLOAT), background, FOUR)
+    return g.Not(g.And(background, g.Greater(outside, g.const(0.5))))
