@@ -4,7 +4,7 @@ vit_hub's own (`vit_hub.attribution.METHODS`), the app does not offer them.
 Each needs gradients, so the torch model, and each measured worse than integrated gradients +
 gradient rollout (`integrated_gradients_rollout`) on every faithfulness benchmark: deletion and
 insertion AUC and the drops at 10 % and 30 % of the patches, on the MNIST model and on the
-distractor set (BENCHMARKS.md, "Explanation faithfulness"). That method fits the app's time
+distractor set (BENCHMARKS.md, "How faithful each method is"). That method fits the app's time
 budget too, so none of these would be the better choice anywhere the app runs.
 
     gradient_rollout         rollout of the attention weighted by its gradient (Chefer et al. 2021);

@@ -23,7 +23,7 @@ model. "Blank" is `blanking.blank_pixels`: what the model sees where there is no
 paper for a digit model and the training set's mean colour for photos.
 
 Every method here measures better than every other method on at least one of the faithfulness
-benchmarks (BENCHMARKS.md, "Explanation faithfulness"); the methods measured worse than one of
+benchmarks (BENCHMARKS.md, "How faithful each method is"); the methods measured worse than one of
 these on all of them are compared in bench/other_methods.py.
 """
 

@@ -45,7 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 28x28 grayscale digits: 7x7 = 49 patches of 4x4 pixels, 0.3 M parameters. A plain ViT
     # sits on a plateau for its first epochs here; shifted patches and fixed sin-cos positions
     # (which tolerate a doubled learning rate, vit_hub.schedule.PRESET_LEARNING_RATES) get it
-    # off quickly. Measured in BENCHMARKS.md, "MNIST accuracy".
+    # off quickly. Measured in BENCHMARKS.md, "MNIST".
     "mnist": dict(
         image_size=28, patch_size=4, in_channels=1, embed_dim=64, depth=6, num_heads=4,
         mlp_ratio=4.0, patch_embedding="shifted", pos_embedding="sincos", mean=[0.1307], std=[0.3081],
@@ -54,7 +54,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Small-data preset for photo folders of a few hundred to a few thousand images:
     # small patches, a narrow and shallow model, a convolutional stem, locality attention and
     # the mean of the patch tokens (not a class token) for the head. Measured in
-    # BENCHMARKS.md, "Small-data defaults" and "Circles vs squares".
+    # BENCHMARKS.md, "Circles vs squares".
     "small-data": dict(
         image_size=64, patch_size=8, in_channels=3, embed_dim=128, depth=6, num_heads=4,
         mlp_ratio=2.0, dropout=0.1, drop_path=0.1, patch_embedding="convstem",

@@ -8,7 +8,7 @@ gradients are one `torch.autograd.grad` call. The embedding method swaps the out
 (`blanking.blank_pixels`) to the image's, and reads the gradient there: one batched forward and
 backward pass for all the steps. The registry (`vit_hub.attribution.METHODS`) names the
 methods; `vit_hub.explain.explain` runs any of them. Which measures how faithful is in
-BENCHMARKS.md ("Explanation faithfulness").
+BENCHMARKS.md ("How faithful each method is").
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import math
 from .settings import TrainingError, TrainSettings
 
 # Peak AdamW learning rate for a batch of REFERENCE_BATCH images, from scratch. A preset tuned
-# with another rate names it here (the sweep in BENCHMARKS.md, "MNIST accuracy").
+# with another rate names it here (the sweep in BENCHMARKS.md, "What holds a short MNIST run back").
 DEFAULT_LEARNING_RATE = 1e-3
 PRESET_LEARNING_RATES: dict[str, float] = {"mnist": 2e-3}
 # Fine-tuning from pretrained weights (--init) starts close to a good solution: a tenth of the

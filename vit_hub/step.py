@@ -49,7 +49,7 @@ def choose_compile(requested: bool | None, device_type: str, total_steps: int, t
     """Whether to torch.compile the training step, and why (said in the log). --compile and
     --no-compile decide; by default it is on for CUDA runs of at least MIN_COMPILE_STEPS
     steps, where a faster step repays the compile time (about a minute for ViT-S/16;
-    BENCHMARKS.md, "On the GPU"), and off on the CPU."""
+    BENCHMARKS.md, "One training step against timm, GPU"), and off on the CPU."""
     if requested is not None:
         return requested, "--compile" if requested else "--no-compile"
     if device_type != "cuda":

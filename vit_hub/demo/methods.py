@@ -3,7 +3,7 @@
 The page opens with the method measured most faithful on the served model (insertion minus
 deletion AUC in its faithfulness.json, written by `bench/faithfulness.py --write`) among the
 quick methods (`Method.quick`: a forward and backward pass or two, not one per patch, so a page
-answers at once; BENCHMARKS.md, "Explanation faithfulness", has their times); DEFAULT_METHOD
+answers at once; BENCHMARKS.md, "How faithful each method is", has their times); DEFAULT_METHOD
 for a model never measured, ONNX_DEFAULT_METHOD when the backend computes no gradients and
 nothing was measured.
 """
