@@ -184,9 +184,11 @@ def test_upload_creates_a_gradio_space_with_the_folder_in_one_commit(hub, tmp_pa
 def test_a_space_folder_is_replaced_but_no_other_folder(hub, tmp_path, capsys):
     out = tmp_path / "space"
     assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--dry-run", "--out", str(out)]) == 0
-    (out / "stale.txt").write_text("from an older Space")
-    assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--dry-run", "--out", str(out)]) == 0
-    assert not (out / "stale.txt").exists()
+    assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--dry-run", "--out", str(out)]) == 0  # replaced
+    (out / "stale.txt").write_text("a file vit-hub space did not write")  # tests/test_untrusted_space.py has more
+    assert main(["space", str(MODEL_DIR), "--repo-id", SPACE, "--dry-run", "--out", str(out)]) == 2
+    assert "'stale.txt' added or removed since" in one_line_error(capsys)
+    assert (out / "stale.txt").exists()
 
     other = tmp_path / "notes"
     other.mkdir()

@@ -242,7 +242,7 @@ def _add_space(commands) -> None:
                        "--output-attentions), or the Hub repo id of one pushed with --with-onnx")
     space.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="the Space; created if it does not exist")
     space.add_argument("--out", help="folder to write the Space to (default: ./NAME); a Space folder written "
-                                     "before is replaced")
+                                     "before and unchanged since is replaced, any other folder refused")
     space.add_argument("--revision", help="branch, tag or commit of a Hub MODEL to pin (default: main)")
     space.add_argument("--private", action="store_true", help="make the Space private when this creates it")
     space.add_argument("--dry-run", action="store_true", help="write the folder only, upload nothing")
@@ -368,10 +368,11 @@ def run_inspect(args: argparse.Namespace) -> None:
 
 
 def run_space(args: argparse.Namespace) -> None:
+    from .export.graph_check import check_graph  # what the Space's app checks at start, checked now
     from .space import push_space, space_url, write_space
 
     out = Path(args.out or args.repo_id.rpartition("/")[2])
-    written = write_space(args.model, out, args.repo_id, args.revision, args.token)
+    written = write_space(args.model, out, args.repo_id, args.revision, args.token, check_graph=check_graph)
     served = (f"{written.settings.model}@{written.settings.revision}" if written.settings.revision
               else f"{args.model}, bundled")
     print(f"wrote the Space to {out}: {len(written.files)} files, serving {served}")

@@ -48,7 +48,7 @@ from .errors import UserError
 from .card import is_generated_card, render_card_text
 from .config import ViTConfig
 from .layout import PUBLISHED_FILES, ExportLayout, ModelDir
-from .storage import check_safetensors
+from .storage import check_safetensors, read_card
 
 DEFAULT_BRANCH = "main"
 LOGIN_HINT = "--token (token= in Python), HF_TOKEN or `hf auth login`"
@@ -388,7 +388,7 @@ def _card_to_push(api: HfApi, model_dir: Path, repo_id: str, branch: str, onnx: 
     if remote is not None and not is_generated_card(remote):
         return None, CARD_KEPT
     local = ModelDir(model_dir).card
-    if local.is_file() and not is_generated_card(text := local.read_text(encoding="utf-8")):
+    if local.is_file() and not is_generated_card(text := read_card(local)):
         return text, CARD_LOCAL
     return render_card_text(model_dir, repo_id, onnx=onnx), CARD_GENERATED
 
@@ -400,4 +400,4 @@ def _remote_card(api: HfApi, repo_id: str, branch: str) -> str | None:
             path = api.hf_hub_download(repo_id, ModelDir.card, revision=branch, local_dir=folder)
         except RemoteEntryNotFoundError:
             return None
-        return Path(path).read_text(encoding="utf-8")
+        return read_card(path)

@@ -37,7 +37,7 @@ from .fine_tune import PretrainedStart
 from .hub import check_model_dir, fetch_file, has_file
 from .layout import ModelDir
 from .pretrained import VisionTransformer
-from .storage import reading_safetensors
+from .storage import read_card, reading_safetensors
 from .weight_checks import (WeightsError, check_attention_size, check_finite, check_weights_fit, compare_shapes,
                             expected_shapes, stored_shapes)
 
@@ -211,7 +211,7 @@ def source_license(files: SourceFiles) -> str | None:
     pretrained_cfg `license`; None when it states none."""
     readme = ModelDir(files.folder).card
     if readme.is_file():
-        text = readme.read_text(encoding="utf-8", errors="replace")
+        text = read_card(readme)
         front = re.match(r"---\s*\n(.*?)\n---", text, re.DOTALL)
         found = re.search(r"^license:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", front.group(1), re.MULTILINE) if front else None
         if found:

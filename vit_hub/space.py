@@ -24,23 +24,35 @@ vit_hub.export (imports point app -> export -> vit_hub); it finds its files.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from huggingface_hub import HfApi, metadata_load
+from huggingface_hub import HfApi, RepoCard
 
 from .card import HUB_TAGS
+from .config import ViTConfig
 from .errors import UserError
-from .hub import (DEFAULT_BRANCH, _push_token, check_config, check_model_dir, check_repo_id, fetch_file,
-                  has_file, hub_endpoint, hub_errors)
+from .hub import (DEFAULT_BRANCH, _push_token, _refuse_links_out, _replace_folder, check_config, check_model_dir,
+                  check_repo_id, fetch_file, has_file, hub_endpoint, hub_errors)
 from .layout import PUBLISHED_FILES, ExportLayout, ModelDir
+from .storage import read_card
 from .samples import BUNDLED_DIGITS, kept_samples
 
 SETTINGS_FILE = "space.json"  # in the Space folder: the model app.py serves and how
+# In the Space folder: the sha256 of each file written, so a later `vit-hub space` replaces only a
+# folder it wrote and nobody changed since (never one that merely holds a space.json).
+MARKER_FILE = ".vit-hub-space"
+MAX_MARKER_BYTES = 2**20
+# The check the Space's app runs on a graph before a session opens it (vit_hub.export's
+# check_graph), given by the caller: this module never imports vit_hub.export.
+GraphCheck = Callable[[Path, ViTConfig], None]
 MODEL_FOLDER = "model"  # a bundled model's folder inside the Space
 BACKEND = "onnx"  # torch-free: see the module docstring
 MAX_BUNDLE_BYTES = 100 * 2**20  # larger models are pulled from their Hub repo instead
@@ -80,62 +92,112 @@ class WrittenSpace:
 
 # Writing ------------------------------------------------------------------------------------
 def write_space(model: str | Path, out: str | Path, repo_id: str, revision: str | None = None,
-                token: str | None = None) -> WrittenSpace:
+                token: str | None = None, check_graph: GraphCheck | None = None) -> WrittenSpace:
     """Write the Space of `model` (a model folder, bundled; or a Hub repo id, pinned to
     `revision`'s commit) into `out`, a new or empty folder or one this function wrote before
-    (replaced). `repo_id` is the Space's own OWNER/NAME (its title)."""
+    and nobody changed since (MARKER_FILE proves it; it is replaced). `repo_id` is the Space's
+    own OWNER/NAME (its title). The Space is written beside `out` and then takes its place, so
+    a failure leaves `out` as it was. `check_graph(path, config)` raises for a bundled graph the
+    Space's app would refuse at start (the CLI passes vit_hub.export's check: see GraphCheck)."""
     check_repo_id(repo_id, flag="--repo-id")
     out = Path(out)
-    _check_out(out)
+    _check_out(out, Path(model) if Path(model).is_dir() else None)
     if Path(model).is_dir():
         model_dir = Path(model)
-        bundled = _files_to_bundle(model_dir)
+        bundled = _files_to_bundle(model_dir, check_graph)
         settings, model_repo, card = SpaceSettings(MODEL_FOLDER, None), None, ModelDir(model_dir).card
     else:
         bundled = []
         settings = SpaceSettings(str(model), _pinned_commit(str(model), revision, token))
         model_repo, card = str(model), fetch_file(str(model), ModelDir.card, settings.revision, token, required=False)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    files = [_copy(path, out / target, out) for target, path in source_files().items()]
-    files += [_copy(path, out / MODEL_FOLDER / path.relative_to(model), out) for path in bundled]
-    licence = _licence(card)
-    for name, text in (("app.py", SPACE_APP), (SETTINGS_FILE, json.dumps(dataclasses.asdict(settings), indent=2) + "\n"),
-                       ("requirements.txt", requirements_text()),
-                       (ModelDir.card, readme_text(repo_id, settings, model_repo, licence))):  # a Space's card too
-        (out / name).write_text(text, encoding="utf-8")
-        files.append(name)
+    texts = {"app.py": SPACE_APP, SETTINGS_FILE: json.dumps(dataclasses.asdict(settings), indent=2) + "\n",
+             "requirements.txt": requirements_text(),
+             ModelDir.card: readme_text(repo_id, settings, model_repo, _licence(card))}  # a Space's card too
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+    try:
+        files = [_copy(path, staging / target, staging) for target, path in source_files().items()]
+        files += [_copy(path, staging / MODEL_FOLDER / path.relative_to(model), staging) for path in bundled]
+        for name, text in texts.items():
+            (staging / name).write_text(text, encoding="utf-8")
+            files.append(name)
+        (staging / MARKER_FILE).write_text(_manifest(staging, files), encoding="utf-8")
+        _replace_folder(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return WrittenSpace(out, settings, sorted(files))
 
 
-def _check_out(out: Path) -> None:
-    """`out` must be new, empty, or a Space folder written here before (it is replaced)."""
+def _check_out(out: Path, model_dir: Path | None) -> None:
+    """`out` must be new, empty, or a Space folder written here before and unchanged since (it
+    is replaced); never a link, and never a folder that holds the model."""
+    if out.is_symlink():
+        raise UserError(f"--out: expected a folder, got {out}, a link (give the folder it points to)")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out: expected a folder, got the file {out}")
-    if out.is_dir() and any(out.iterdir()) and not (out / SETTINGS_FILE).is_file():
-        raise UserError(f"--out: expected a new or empty folder (or a Space folder `vit-hub space` wrote), "
-                              f"got {out} with other files in it")
+    if model_dir is not None and model_dir.resolve().is_relative_to(out.resolve()):
+        raise UserError(f"--out: expected a folder apart from the model, got {out}, which holds the model "
+                        f"{model_dir}; write the Space elsewhere")
+    if out.is_dir() and any(out.iterdir()) and (changed := _not_written_here(out)):
+        raise UserError(f"--out: expected a new or empty folder (or a Space folder `vit-hub space` wrote, "
+                        f"unchanged), got {out} with {changed}")
 
 
-def _files_to_bundle(model_dir: Path) -> list[Path]:
+def _manifest(folder: Path, files: list[str]) -> str:
+    """MARKER_FILE's text: `sha256  path` a line for each file written, sorted."""
+    return "".join(f"{_sha256(folder / name)}  {name}\n" for name in sorted(files))
+
+
+def _not_written_here(folder: Path) -> str | None:
+    """None when `folder` holds exactly the files its MARKER_FILE lists, each with its hash;
+    else what is not so (for a message)."""
+    marker = folder / MARKER_FILE
+    if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > MAX_MARKER_BYTES:
+        return f"no {MARKER_FILE} written by vit-hub space in it"
+    listed = {}  # path -> sha256
+    for line in marker.read_text(errors="replace").splitlines():
+        digest, _, name = line.partition("  ")
+        listed[name] = digest
+    found = {path.relative_to(folder).as_posix(): path for path in folder.rglob("*")
+             if path != marker and (path.is_symlink() or not path.is_dir())}
+    others = sorted(set(found) - set(listed)) or sorted(set(listed) - set(found))
+    if others:
+        return f"{others[0]!r}{f' and {len(others) - 1} more' if len(others) > 1 else ''} added or removed since"
+    for name, path in found.items():
+        if path.is_symlink() or not path.is_file() or _sha256(path) != listed[name]:
+            return f"{name!r} changed since it was written"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _files_to_bundle(model_dir: Path, check_graph: GraphCheck | None) -> list[Path]:
     """The model files the Space's app reads: config, weights (the "Inside the model" tab), both
-    ONNX graphs (classifying, occlusion) and the faithfulness figures when there are some."""
-    check_model_dir(model_dir, flag="space MODEL")
+    ONNX graphs (classifying, occlusion) and the faithfulness figures when there are some; none
+    a link out of the folder, and the graphs passed through `check_graph`."""
     layout = ExportLayout.for_model(model_dir)
+    names = [name for name in (*PUBLISHED_FILES, *APP_EXTRA_FILES) if name != ModelDir.card]  # the Space has its own
+    names += [layout.logits.name, layout.attentions.name]
+    _refuse_links_out(model_dir, [*names, ModelDir.card], flag="space MODEL")  # the card: its licence is read
+    check_model_dir(model_dir, flag="space MODEL")
     for graph in (layout.logits, layout.attentions):
         if not graph.is_file():
             raise FileNotFoundError(f"space: expected {graph.name} in {model_dir}, found none; the Space runs the "
                                     f"ONNX backend, export it first: python -m vit_hub.export --model {model_dir} "
                                     f"--out {model_dir} --output-attentions")
-    names = [name for name in (*PUBLISHED_FILES, *APP_EXTRA_FILES) if name != ModelDir.card]  # the Space has its own
-    paths = [model_dir / name for name in names] + [layout.logits, layout.attentions]
-    paths = [path for path in paths if path.is_file() and not path.is_symlink()] + kept_samples(model_dir)
+    paths = [model_dir / name for name in names if (model_dir / name).is_file()] + kept_samples(model_dir)
     size = sum(path.stat().st_size for path in paths)
     if size > MAX_BUNDLE_BYTES:
         raise UserError(f"space: {model_dir} is {size / 2**20:.0f} MB, over the {MAX_BUNDLE_BYTES // 2**20} MB "
                          f"bundled in a Space; push it (vit-hub push --model {model_dir} --repo-id OWNER/NAME "
                          f"--with-onnx) and give the repo id instead, the Space then pulls it when it starts")
+    if check_graph is not None:
+        config = ViTConfig.from_json(ModelDir(model_dir).config)
+        for graph in (layout.logits, layout.attentions):
+            check_graph(graph, config)
     return paths
 
 
@@ -174,8 +236,8 @@ def _copy(source: Path, target: Path, root: Path) -> str:
 
 def _licence(card: Path | None) -> str:
     """The model card's licence; this project's (MIT) when the card states none."""
-    metadata = metadata_load(card) if card is not None and card.is_file() else None
-    licence = (metadata or {}).get("license")
+    metadata = RepoCard(read_card(card), ignore_metadata_errors=True).data if card is not None and card.is_file() else None
+    licence = metadata.get("license") if metadata is not None else None
     return licence if isinstance(licence, str) and licence else "mit"
 
 
@@ -246,6 +308,8 @@ def read_settings(folder: Path) -> SpaceSettings | None:
         values = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:
         raise UserError(f"{where}: expected JSON, got {error}") from None
+    except RecursionError:
+        raise UserError(f"{where}: expected JSON nested a few levels deep, got nesting too deep to parse") from None
     fields = {field.name for field in dataclasses.fields(SpaceSettings)}
     if not isinstance(values, dict) or set(values) - fields or not isinstance(values.get("model"), str) \
             or not isinstance(values.get("revision"), (str, type(None))) or values.get("backend") not in ("onnx", "torch"):

@@ -5,6 +5,9 @@ missing its data, cut short, unreadable or not safetensors at all (a pickle rena
 `model.safetensors`) fails with one line (a `UserError`) saying what was found. Nothing is
 ever unpickled. `count_parameters` sizes a weights file from its header alone.
 
+Reading a text file a model dir holds: `read_card` checks a README.md's size before it reads it
+(a sparse file can claim gigabytes).
+
 Writing: `replacing`, `write_text_atomically` and `replace_files` write beside the target,
 flush it to disk and move it in with `os.replace`, so a crash or a kill leaves either the old
 file or the new one (and so does a power cut, once the write has returned).
@@ -26,6 +29,7 @@ from .errors import UserError
 HEADER_LENGTH_BYTES = 8  # a safetensors file starts with its JSON header's length (u64, little-endian)
 PICKLE_PROTOCOL_MARK = 0x80  # the first byte of a pickle of protocol 2 or later (torch.save's legacy format)
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip archive of pickles
+MAX_CARD_BYTES = 4 * 2**20  # a model card is text: the Hub's own are kilobytes
 
 
 def check_safetensors(path: str | Path) -> None:
@@ -48,6 +52,16 @@ def _looks_like_safetensors(start: bytes, size: int) -> bool:
         return False
     header_length = struct.unpack("<Q", start[:HEADER_LENGTH_BYTES])[0]
     return header_length <= size - HEADER_LENGTH_BYTES and start[HEADER_LENGTH_BYTES:] == b"{"
+
+
+def read_card(path: str | Path) -> str:
+    """A README.md's text, its size checked before it is read: a one-line UserError for one over
+    MAX_CARD_BYTES."""
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_CARD_BYTES + 1)
+    if len(data) > MAX_CARD_BYTES:
+        raise UserError(f"{path}: expected a model card of at most {MAX_CARD_BYTES // 2**20} MiB, found a larger one")
+    return data.decode("utf-8", errors="replace")
 
 
 def _what_it_is(start: bytes, size: int) -> str:

@@ -1,0 +1,163 @@
+"""`vit-hub space` with untrusted folders: it replaces only a folder it wrote and that nobody
+changed since, never one that merely holds a space.json, never a folder holding the model, never
+through a link; a model the Space's app would refuse at start (a file linked out of the folder,
+a graph with a custom operator) is refused when the Space is written; a sparse multi-gigabyte
+README.md and a space.json nested 30,000 deep are refused in one line before they cost memory."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line
+from onnx import TensorProto, helper
+
+from hub_double import serving_hub
+from vit_hub.cli import main
+from vit_hub.errors import UserError
+from vit_hub.hub import push_to_hub
+from vit_hub.importing import SourceFiles, source_license
+from vit_hub.space import MARKER_FILE, SETTINGS_FILE, read_settings
+from vit_hub.storage import MAX_CARD_BYTES
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_MODEL = ROOT / "models" / "vit-mnist"
+SPACE = "me/vit-mnist-demo"
+TOKEN = "hf_vitHubSpaceTestToken0123456789abcdef"
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    with serving_hub(monkeypatch, tmp_path / "hf-cache", TOKEN) as double:
+        yield double
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    return shutil.copytree(BUNDLED_MODEL, tmp_path / "model")
+
+
+def space(model: Path | str, out: Path) -> tuple[int, str]:
+    """`vit-hub space MODEL --dry-run --out OUT` in this process: (exit code, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["space", str(model), "--repo-id", SPACE, "--dry-run", "--out", str(out)])
+    return code, err.getvalue()
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file()}
+
+
+def sparse_file(path: Path, size: int) -> Path:
+    """A file that claims `size` bytes and takes none on disk."""
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+    return path
+
+
+# Which folder may be replaced ----------------------------------------------------------------
+@pytest.mark.parametrize("settings", ["", '{"model": "model", "revision": null, "backend": "onnx"}'])
+def test_a_folder_holding_a_space_json_among_user_files_is_never_replaced(hub, model_dir, tmp_path, settings):
+    home = tmp_path / "home"
+    (home / "projects" / "thesis").mkdir(parents=True)
+    (home / "projects" / "thesis" / "chapter1.tex").write_text("months of work")
+    (home / "notes.txt").write_text("mine")
+    (home / SETTINGS_FILE).write_text(settings)
+    before = files_of(home)
+    code, stderr = space(model_dir, home)
+    assert code == 2
+    assert_one_line(stderr, "expected a new or empty folder", f"no {MARKER_FILE} written by vit-hub space")
+    assert files_of(home) == before
+
+
+def test_a_space_folder_is_replaced_only_while_unchanged(hub, model_dir, tmp_path):
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    written = files_of(out)
+    assert MARKER_FILE in written and not list(tmp_path.glob(".space.*"))  # no staging folder left
+    assert space(model_dir, out)[0] == 0  # as written: replaced
+    assert files_of(out) == written
+
+    (out / "notes.txt").write_text("added by hand")
+    code, stderr = space(model_dir, out)
+    assert code == 2 and "'notes.txt' added or removed since" in assert_one_line(stderr)
+    assert (out / "notes.txt").read_text() == "added by hand"
+    (out / "notes.txt").unlink()
+    (out / "app.py").write_text("edited by hand")
+    code, stderr = space(model_dir, out)
+    assert code == 2 and "'app.py' changed since it was written" in assert_one_line(stderr)
+    assert (out / "app.py").read_text() == "edited by hand"
+
+
+def test_the_model_inside_the_space_folder_is_never_deleted(hub, model_dir, tmp_path):
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    model_inside = out / "model"
+    before = files_of(model_inside)
+    code, stderr = space(model_inside, out)
+    assert code == 2
+    assert_one_line(stderr, "expected a folder apart from the model")
+    assert files_of(model_inside) == before
+    nested = shutil.copytree(model_dir, tmp_path / "empty" / "inner")  # a model in a folder of no Space
+    assert space(nested, tmp_path / "empty")[0] == 2 and files_of(nested) == files_of(model_dir)
+
+
+def test_an_out_that_is_a_link_is_refused_in_one_line(hub, model_dir, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    (tmp_path / "link").symlink_to(target)
+    code, stderr = space(model_dir, tmp_path / "link")
+    assert code == 2
+    assert_one_line(stderr, "--out: expected a folder", "a link")
+    assert files_of(target) == {"keep.txt": b"mine"} and (tmp_path / "link").is_symlink()
+
+
+# What the Space's app would refuse at start ---------------------------------------------------
+@pytest.mark.parametrize("name", ["model.onnx", "config.json", "model.safetensors", "model_attentions.onnx"])
+def test_a_model_file_linked_out_of_the_folder_is_refused(hub, model_dir, tmp_path, name):
+    outside = shutil.copy(model_dir / name, tmp_path / f"outside-{name}")
+    (model_dir / name).unlink()
+    (model_dir / name).symlink_to(outside)
+    code, stderr = space(model_dir, tmp_path / "space")
+    assert code == 2
+    assert_one_line(stderr, f"expected regular files inside {model_dir}, found {name}, a link leading out")
+    assert not (tmp_path / "space").exists()
+
+
+def test_a_graph_with_a_custom_operator_is_refused_when_the_space_is_written(hub, model_dir, tmp_path):
+    node = helper.make_node("FusedGelu", ["pixel_values"], ["logits"], domain="com.example")
+    graph = helper.make_graph([node], "custom", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT,
+                                                                              ["batch", 1, 28, 28])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example", 1)])
+    (model_dir / "model.onnx").write_bytes(model.SerializeToString())
+    code, stderr = space(model_dir, tmp_path / "space")
+    assert code == 2
+    assert_one_line(stderr, "expected only the operators python -m vit_hub.export writes", "com.example.FusedGelu")
+    assert not (tmp_path / "space").exists()
+
+
+# Files that claim gigabytes ------------------------------------------------------------------
+def test_a_sparse_3_gb_model_card_is_refused_by_space_push_and_import_in_one_line(hub, model_dir, tmp_path):
+    sparse_file(model_dir / "README.md", 3 * 2**30)
+    expected = f"expected a model card of at most {MAX_CARD_BYTES // 2**20} MiB, found a larger one"
+    code, stderr = space(model_dir, tmp_path / "space")
+    assert code == 2 and expected in assert_one_line(stderr)
+    with pytest.raises(UserError, match=expected):
+        push_to_hub(model_dir, "me/vit-mnist")
+    with pytest.raises(UserError, match=expected):
+        source_license(SourceFiles("me/timm-vit", model_dir, {"pretrained_cfg": {}}, hub=False))
+    assert hub.commits == []
+
+
+def test_a_space_json_nested_30000_deep_is_refused_in_one_line(tmp_path):
+    (tmp_path / SETTINGS_FILE).write_text("[" * 30_000)
+    with pytest.raises(UserError) as refused:
+        read_settings(tmp_path)
+    assert_one_line(str(refused.value), "expected JSON nested a few levels deep")
