@@ -184,3 +184,26 @@ def test_the_folder_is_listed_once_and_shared_with_every_process(shapes_folder, 
     reports = re.findall(r"rank (\d): (\d+ training images, mean \[[^\]]*\])", result.stdout)
     assert sorted(rank for rank, _ in reports) == ["0", "1"]
     assert reports[0][1] == reports[1][1]  # the same split and the same measured config
+
+
+def test_cpu_threads_come_from_the_free_cores_beside_the_loader_workers(monkeypatch):
+    """On a busy machine the intra-op threads are the cores left free, less the loader workers;
+    OMP_NUM_THREADS decides when set; the choice is kept for the log."""
+    from vit_hub.distributed import Runtime, choose_cpu_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    try:
+        for load, workers, processes, expected in ((0.4, 2, 1, 6), (5.7, 1, 1, 2), (9.0, 2, 1, 1), (0.0, 1, 2, 3)):
+            monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+            runtime = Runtime(torch.device("cpu"), local_world_size=processes)
+            choose_cpu_threads(runtime, workers)
+            assert torch.get_num_threads() == expected, (load, workers, processes)
+            assert runtime.threads.startswith(f"{expected} intra-op thread(s) per process")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        runtime = Runtime(torch.device("cpu"))
+        choose_cpu_threads(runtime, 1)
+        assert torch.get_num_threads() == expected and "OMP_NUM_THREADS" in runtime.threads
+    finally:
+        torch.set_num_threads(before)

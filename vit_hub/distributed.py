@@ -33,6 +33,7 @@ class Runtime:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
+    threads: str = ""  # on the CPU: the intra-op threads chosen and why (`choose_cpu_threads`), for the log
 
     @property
     def is_main(self) -> bool:
@@ -60,14 +61,38 @@ def start_runtime(device: str) -> Runtime:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere and newer
         torch.backends.cudnn.allow_tf32 = True
-    elif world_size > 1:
-        # Processes on one machine share its cores instead of each taking all of them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
     runtime = Runtime(torch.device(device), int(os.environ.get("RANK", "0")), world_size, local_rank,
                       local_world_size)
     if runtime.distributed and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if runtime.device.type == "cuda" else "gloo")
     return runtime
+
+
+def choose_cpu_threads(runtime: Runtime, workers: int) -> None:
+    """On the CPU, this process's intra-op threads: the free cores (`free_cores`) shared by the
+    processes on this machine, less this process's loader workers, which need cores of their
+    own; at least one. More threads than free cores spin against each other and against other
+    work: on the busy 2-core development machine one thread trained 311 img/s, two 80-119
+    (BENCHMARKS.md, "Where a CPU step's time goes"). OMP_NUM_THREADS, when set, decides instead.
+    What was chosen is kept in `runtime.threads` for the log."""
+    if runtime.device.type != "cpu":
+        return
+    if os.environ.get("OMP_NUM_THREADS"):
+        runtime.threads = f"{torch.get_num_threads()} intra-op thread(s) per process (OMP_NUM_THREADS)"
+        return
+    cores, free = free_cores()
+    threads = max(1, free // runtime.local_world_size - workers)
+    torch.set_num_threads(threads)
+    runtime.threads = (f"{threads} intra-op thread(s) per process ({free} of {cores} cores free by the load average, "
+                       f"less {workers} loader worker(s); OMP_NUM_THREADS overrides)")
+
+
+def free_cores() -> tuple[int, int]:
+    """(the cores this process may run on, those of them not busy with other work by the
+    1-minute load average), the second at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return cores, max(1, cores - int(load))
 
 
 def stop_runtime(runtime: Runtime) -> None:

@@ -21,7 +21,7 @@ from . import batches
 from .augmentation import TrainTransform
 from .data import DataSplits, skipped_report
 from .config import ViTConfig
-from .distributed import Runtime, shard, union_of_all
+from .distributed import Runtime, choose_cpu_threads, shard, union_of_all
 from .schedule import Schedule
 from .settings import TrainSettings
 
@@ -56,6 +56,7 @@ def build_loaders(settings: TrainSettings, runtime: Runtime, config: ViTConfig, 
     epochs) and of the evaluation splits (preprocessed as inference does)."""
     workers = (batches.default_workers(runtime.device.type, runtime.local_world_size)
                if settings.num_workers is None else settings.num_workers)
+    choose_cpu_threads(runtime, workers)
     options = dict(num_workers=workers, pin_memory=runtime.device.type == "cuda")
     transform = TrainTransform(config, settings.augment)
     train_set = batches.SeededAugmentation(splits.train, transform, settings.seed)

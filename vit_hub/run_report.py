@@ -39,7 +39,8 @@ def model_line(model: nn.Module, config: ViTConfig) -> str:
 
 def training_line(schedule: Schedule, runtime: Runtime, workers: int) -> str:
     return (f"training: {schedule.epochs} epochs, batch {schedule.batch_size}, lr {schedule.peak_lr:g}, "
-            f"{runtime.world_size} process(es) on {runtime.device}, {workers} loader worker(s) per process")
+            f"{runtime.world_size} process(es) on {runtime.device}, {workers} loader worker(s) per process"
+            + (f", {runtime.threads}" if runtime.threads else ""))
 
 
 def step_line(step: TrainStep, flops_per_image: float) -> str:
