@@ -52,6 +52,10 @@ def summary(report: dict) -> list[str]:
         shown += f" on {graph['parity'][0]['provider']}" if shown else ""
         lines.append(f"{name}: {graph['bytes'] / 1e6:.2f} MB, opset {graph['opset']}, checker passed"
                      + (f", {shown}" if shown else ""))
+    for name, check in report.get("pipeline", {}).items():
+        agreeing = sum(row["same_label"] for row in check["rows"])
+        lines.append(f"{name}: the Python path's label on {agreeing}/{check['uploads']} uploads, probabilities "
+                     f"max|diff| {check['max_abs_diff']:.1e} (tolerance {check['tolerance_max_abs_diff']:g})")
     half = report.get("fp16")
     if half:
         lines.append(f"fp16: top-1 agreement with fp32 {half['top1_agreement']:.2f}% on {half['n']} images "

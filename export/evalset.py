@@ -8,6 +8,7 @@ import dataclasses
 from typing import Iterator
 
 import numpy as np
+from PIL import Image
 from torch.utils.data import Dataset, Subset
 
 from vit_hub import data as vdata
@@ -54,6 +55,12 @@ def batches(eval_set: EvalSet, batch_size: int, limit: int | None = None) -> Ite
     loader = make_loader(dataset, batch_size, shuffle=False, seed=0, num_workers=workers, pin_memory=False)
     for pixels, labels in loader:
         yield pixels.numpy(), labels.numpy()
+
+
+def first_uploads(eval_set: EvalSet, count: int) -> list[Image.Image]:
+    """The first `count` images as they were read, before any preprocessing (PIL images)."""
+    raw = eval_set.dataset.dataset  # the split under Transformed
+    return [raw[index][0] for index in range(min(count, len(raw)))]
 
 
 def first_images(eval_set: EvalSet, count: int) -> np.ndarray:

@@ -40,10 +40,12 @@ from vit_hub.layout import GRAPH_LOGITS, ExportLayout
 from vit_hub.pretrained import load_model
 from vit_hub.storage import write_text_atomically
 
-from .evalset import EvalSet, check_labels, first_images, load_eval_set
+from .evalset import EvalSet, check_labels, first_images, first_uploads, load_eval_set
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
 from .graph_check import WEIGHTS_SHA256, weights_sha256
+from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, pipeline_uploads,
+                             verify_pipeline, write_pipeline)
 from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
 from .session import PRECISIONS
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
@@ -169,6 +171,7 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
         write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
         report["graphs"] = _write_verified_graphs(model, staged, weights, inputs, output_attentions=output_attentions,
                                                   precision=precision, opset=opset, exporter=exporter)
+        report["pipeline"] = _write_verified_pipelines(staged, weights, model.config, eval_set, precision)
         if quantize:
             quantize_int8(staged.logits, staged.int8)
             tie_to_weights(staged.int8, weights)
@@ -181,7 +184,8 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
                         if path.suffix == ".onnx" and not (staged.folder / path.name).is_file()))
         _install(staged, layout, model.config)
 
-    failures = [failure for graph in report["graphs"].values() for failure in graph.get("failures", [])]
+    sections = [*report["graphs"].values(), *report["pipeline"].values()]
+    failures = [failure for section in sections for failure in section.get("failures", [])]
     if failures:
         raise VerificationError(f"export verification failed: {'; '.join(failures)} (report: {layout.report})")
     return layout.logits
@@ -201,6 +205,24 @@ def _write_verified_graphs(model: nn.Module, staged: ExportLayout, weights: str,
             half = convert_to_fp16(path, staged.in_precision(path, "fp16"))
             tie_to_weights(half, weights)
             sections[half.name] = verify_graph(model, half, opset, inputs, with_attentions, FP16_TOLERANCES)
+    return sections
+
+
+def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTConfig, eval_set: EvalSet,
+                              precision: str) -> dict[str, Any]:
+    """Write pipeline.onnx (and with fp16 its float16 copy) from the staged logits graph, tie it
+    to the weights and check it against the Python path on uploads made from real images; a
+    graph that disagrees is removed, not installed -> {file name: its section of the report}."""
+    uploads = pipeline_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
+    tolerances = {"fp32": PROBABILITY_TOLERANCE, "fp16": FP16_PROBABILITY_TOLERANCE}
+    sections = {}
+    for chosen in ("fp32", "fp16") if precision == "fp16" else ("fp32",):
+        target = staged.in_precision(staged.pipeline, chosen)
+        write_pipeline(staged.in_precision(staged.logits, chosen), target, config)
+        tie_to_weights(target, weights)
+        sections[target.name] = verify_pipeline(target, staged.logits, config, uploads, tolerances[chosen])
+        if sections[target.name]["failures"]:
+            target.unlink()
     return sections
 
 

@@ -143,6 +143,14 @@ def choose_precision(precision: str, providers: list[Any], cuda_starts: bool, fp
 
 
 # Sessions -------------------------------------------------------------------------------------
+def quiet_session_options() -> ort.SessionOptions:
+    """Session options that keep onnxruntime's warnings about a graph's own make-up (an unused
+    constant) out of the log; errors still show."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return options
+
+
 @contextlib.contextmanager
 def _quiet_onnxruntime():
     """Silence onnxruntime's own error and warning lines while CUDA is tried: the classifier

@@ -25,9 +25,12 @@ Its ONNX files (`--out models/vit-mnist/model.onnx`, or just the folder `models/
 
     model.onnx                 logits only: what a classifier runs
     model_attentions.onnx      logits and attentions (with --output-attentions), for rollout
+    pipeline.onnx              decoded image in, probabilities out: the preprocessing, the network
+                                 and a softmax in one graph, for apps in any language
     model_int8.onnx            int8 dynamic quantization of model.onnx (with --quantize int8)
     model_fp16.onnx            float16 copies of the graphs above, float32 in and out, for
     model_attentions_fp16.onnx   the CUDA provider (with --precision fp16)
+    pipeline_fp16.onnx
     model_export_report.json   verification, parity, quantization accuracy and speed
     config.json                preprocessing and labels (shared by every graph in the folder)
 
@@ -44,8 +47,11 @@ from pathlib import Path
 GRAPH_INPUT = "pixel_values"  # [batch, channels, height, width], normalized as config.json says
 GRAPH_LOGITS = "logits"  # [batch, classes]
 GRAPH_ATTENTIONS = "attentions"  # [depth, batch, heads, tokens, tokens]
+PIPELINE_INPUT = "image"  # pipeline.onnx: uint8 [height, width, channels], as an image decoder gives it
+PIPELINE_OUTPUT = "probabilities"  # pipeline.onnx: float32 [classes]
 
 DEFAULT_STEM = "model"
+PIPELINE_STEM = "pipeline"
 ATTENTIONS_SUFFIX = "_attentions"
 INT8_SUFFIX = "_int8"
 FP16_SUFFIX = "_fp16"
@@ -128,6 +134,12 @@ class ExportLayout:
         return self.folder / f"{self.stem}{ATTENTIONS_SUFFIX}.onnx"
 
     @property
+    def pipeline(self) -> Path:
+        """The whole-pipeline graph: pipeline.onnx beside model.onnx (`<stem>_pipeline.onnx` for another stem)."""
+        name = PIPELINE_STEM if self.stem == DEFAULT_STEM else f"{self.stem}_{PIPELINE_STEM}"
+        return self.folder / f"{name}.onnx"
+
+    @property
     def int8(self) -> Path:
         return self.folder / f"{self.stem}{INT8_SUFFIX}.onnx"
 
@@ -153,6 +165,6 @@ class ExportLayout:
     @property
     def onnx_files(self) -> tuple[Path, ...]:
         """What a model dir ships of an export: the logits graph, the attentions graph (the
-        app's ONNX backend draws rollout from it), their float16 copies and the report."""
-        graphs = (self.logits, self.attentions)
+        app's ONNX backend draws rollout from it), the pipeline graph, their float16 copies and the report."""
+        graphs = (self.logits, self.attentions, self.pipeline)
         return (*graphs, *(self.in_precision(graph, "fp16") for graph in graphs), self.report)

@@ -29,8 +29,10 @@ Pixels = Any  # a NumPy array or a torch tensor (this module does not import tor
 MIN_STD = 1 / 255
 
 # Largest image we agree to decode (pixels), checked from the file's header before decoding.
-# Callers serving untrusted requests pass a lower `max_pixels` (the app: app.APP_MAX_PIXELS).
+# Callers serving untrusted requests pass a lower `max_pixels`: UPLOAD_MAX_PIXELS (the app, and
+# what pipeline.onnx accepts).
 MAX_PIXELS = 64_000_000
+UPLOAD_MAX_PIXELS = 16_000_000
 
 
 def pixel_limit(max_pixels: int = MAX_PIXELS) -> str:

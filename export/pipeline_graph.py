@@ -1,0 +1,248 @@
+"""`pipeline.onnx`: a decoded image in, the model's probabilities out, for apps in any language.
+
+    image          uint8 [height, width, channels]: what an image decoder gives (channels 1
+                   gray, 2 gray + alpha, 3 RGB, 4 RGBA; EXIF orientation already applied)
+    probabilities  float32 [num_classes], in config.json's label order
+
+Inside, the steps `vit_hub.preprocess.preprocess` takes, in the same order and to the same
+numbers: alpha over white and the model's colour (Pillow's formulas, exact), the config's
+canonicalisation (`canonical_graph`: all of `digit`), the resize with the config's filter
+(`graph_numpy.resample`: Pillow's), the normalisation; then the network (the logits graph,
+merged in) and a softmax. Every export checks the graph against the Python path on real and
+generated uploads (`verify_pipeline`) and refuses one that disagrees.
+
+A bad input stops the run with onnxruntime's own error, which quotes the failing check:
+an image smaller than 2x2 or over UPLOAD_MAX_PIXELS, a channel count other than 1-4, an
+image with no ink for a digit model. A wrong dtype or rank is refused by onnxruntime itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+from PIL import Image
+
+from vit_hub import canonical
+from vit_hub.config import ViTConfig
+from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, PIPELINE_INPUT, PIPELINE_OUTPUT
+from vit_hub.postprocess import softmax
+from vit_hub.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limit, preprocess, to_model_mode
+
+from .canonical_graph import centre_digit
+from .graph_builder import FLOAT, INT64, UINT8, GraphBuilder
+from .graph_numpy import dims, resample, vector
+from .session import QUIET_RUN, quiet_session_options
+
+# Which decoded channels hold the colour, and which the alpha, for 1 to 4 channels.
+COLOUR_CHANNELS = np.array([[0, 0, 0], [0, 0, 0], [0, 1, 2], [0, 1, 2]])
+ALPHA_CHANNEL = np.array([-1, 1, -1, 3])  # -1: opaque
+PROBABILITY_TOLERANCE = 1e-4  # largest |pipeline.onnx - Python path| accepted per probability
+FP16_PROBABILITY_TOLERANCE = 2e-2  # ... for the float16 copy (its network rounds to 11 bits)
+VERIFY_IMAGES = 4  # eval images turned into uploads (each in four forms) when an export is checked
+
+WRONG_CHANNELS = "image: expected uint8 pixels [height, width, channels] with 1, 2, 3 or 4 channels"
+TOO_SMALL = "image: expected at least 2x2 pixels"
+TOO_LARGE = f"image: expected {pixel_limit(UPLOAD_MAX_PIXELS)}"
+
+
+def preprocessing_graph(config: ViTConfig) -> onnx.ModelProto:
+    """image uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W], as `preprocess`."""
+    g = GraphBuilder()
+    pixels = _checked(g, PIPELINE_INPUT)
+    colour = _over_white(g, pixels)  # float32 [h, w, 3]
+    if config.canonicalize == "digit":
+        plane = g.Unsqueeze(centre_digit(g, _gray(g, colour), tuple(config.image_size)), g.const([0]))
+        planes = plane if config.in_channels == 1 else g.Concat(plane, plane, plane, axis=0)  # [C, h, w]
+    else:
+        planes = (g.Unsqueeze(_gray(g, colour), g.const([0])) if config.in_channels == 1
+                  else g.Transpose(colour, perm=[2, 0, 1]))  # [C, h, w]
+    height, width = config.image_size
+    sized = resample(g, planes, g.const(height), g.const(width), config.interpolation, eight_bit=True, kind=FLOAT)
+    output = g.Unsqueeze(_normalized(g, sized, config), g.const([0]))
+    return g.model([helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"])],
+                   [helper.make_tensor_value_info(output, FLOAT, [1, config.in_channels, height, width])],
+                   "vit_hub_preprocessing")
+
+
+def _checked(g: GraphBuilder, image: str) -> str:
+    """The input as float32 [h, w, channels], once its channels and size pass the checks."""
+    height, width = dims(g, _plane_of(g, image))
+    channels = g.Squeeze(g.Slice(g.Shape(image), g.const([2]), g.const([3])), g.const([0]))
+    ok_channels = g.And(g.GreaterOrEqual(channels, g.const(1)), g.LessOrEqual(channels, g.const(4)))
+    pixels = g.Cast(image, to=FLOAT)
+    pixels = g.guard(pixels, ok_channels, WRONG_CHANNELS)
+    pixels = g.guard(pixels, g.And(g.GreaterOrEqual(height, g.const(2)), g.GreaterOrEqual(width, g.const(2))), TOO_SMALL)
+    return g.guard(pixels, g.LessOrEqual(g.Mul(height, width), g.const(UPLOAD_MAX_PIXELS)), TOO_LARGE)
+
+
+def _plane_of(g: GraphBuilder, image: str) -> str:
+    """A [h, w] view of the shape of [h, w, c] (for its height and width)."""
+    return g.Squeeze(g.Slice(image, g.const([0]), g.const([1]), g.const([2])), g.const([2]))
+
+
+def _over_white(g: GraphBuilder, pixels: str) -> str:
+    """float32 [h, w, channels] -> RGB float32 [h, w, 3] with any alpha composited over white,
+    by Pillow's fixed-point formula (Image.alpha_composite), exact in float32."""
+    channel_count = g.Squeeze(g.Slice(g.Shape(pixels), g.const([2]), g.const([3])), g.const([0]))
+    row = g.Clip(g.Sub(channel_count, g.const(1)), g.const(0), g.const(3))
+    colour = g.Gather(pixels, g.Gather(g.const(COLOUR_CHANNELS), row), axis=2)  # [h, w, 3]
+    alpha_index = g.Gather(g.const(ALPHA_CHANNEL), row)
+    opaque = g.Less(alpha_index, g.const(0))
+    alpha = g.Gather(pixels, g.Unsqueeze(g.Max(alpha_index, g.const(0)), g.const([0])), axis=2)  # [h, w, 1]
+    alpha = g.Where(opaque, g.const(255.0), alpha)
+    scaled = g.Add(g.Mul(g.const(128.0), g.Add(g.Mul(colour, alpha), g.Mul(g.const(255.0), g.Sub(g.const(255.0), alpha)))),
+                   g.const(16384.0))
+    return g.Floor(g.Div(g.Floor(g.Div(g.Add(g.Floor(g.Div(scaled, g.const(256.0))), scaled), g.const(256.0))),
+                         g.const(128.0)))
+
+
+def _gray(g: GraphBuilder, colour: str) -> str:
+    """RGB float32 [h, w, 3] -> gray levels [h, w] as Pillow's convert("L") rounds them."""
+    weights = g.const(np.array([19595.0, 38470.0, 7471.0], dtype=np.float32))
+    total = g.ReduceSum(g.Mul(colour, weights), g.const([2]), keepdims=0)
+    return g.Floor(g.Div(g.Add(total, g.const(32768.0)), g.const(65536.0)))
+
+
+def _normalized(g: GraphBuilder, planes: str, config: ViTConfig) -> str:
+    """preprocess.normalize of [C, H, W] gray levels."""
+    images = g.Div(planes, g.const(255.0))
+    if config.pixel_norm == "image":
+        mean = g.ReduceMean(images, g.const([1, 2]), keepdims=1)
+        centred = g.Sub(images, mean)
+        std = g.Max(g.Sqrt(g.ReduceMean(g.Mul(centred, centred), g.const([1, 2]), keepdims=1)), g.const(MIN_STD))
+        return g.Div(centred, std)
+    mean = g.const(np.asarray(config.mean, dtype=np.float32).reshape(-1, 1, 1))
+    std = g.const(np.asarray(config.std, dtype=np.float32).reshape(-1, 1, 1))
+    return g.Div(g.Sub(images, mean), std)
+
+
+def write_pipeline(logits_graph: Path, target: Path, config: ViTConfig) -> Path:
+    """preprocessing_graph + the logits graph at `logits_graph` + a softmax -> `target`."""
+    network = onnx.load(str(logits_graph))
+    preprocessing = onnx.compose.add_prefix(preprocessing_graph(config), "preprocess/")
+    preprocessing.ir_version = network.ir_version
+    merged = onnx.compose.merge_models(preprocessing, network, io_map=[(preprocessing.graph.output[0].name, GRAPH_INPUT)],
+                                       outputs=[GRAPH_LOGITS], prefix2="")
+    softmax_node = helper.make_node("Softmax", [GRAPH_LOGITS], ["softmax"], axis=-1)
+    squeeze = helper.make_node("Squeeze", ["softmax", "squeeze_batch"], [PIPELINE_OUTPUT])
+    merged.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "squeeze_batch"))
+    merged.graph.node.extend([softmax_node, squeeze])
+    del merged.graph.output[:]
+    merged.graph.output.append(helper.make_tensor_value_info(PIPELINE_OUTPUT, FLOAT, [config.num_classes]))
+    del merged.graph.input[:]
+    merged.graph.input.append(helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"]))
+    _rename_input(merged, f"preprocess/{PIPELINE_INPUT}", PIPELINE_INPUT)
+    onnx.checker.check_model(merged)
+    onnx.save(merged, str(target))
+    return target
+
+
+def _rename_input(model: onnx.ModelProto, old: str, new: str) -> None:
+    for node in model.graph.node:
+        node.input[:] = [new if name == old else name for name in node.input]
+
+
+# Decoded pixels, and the check against the Python path ----------------------------------------
+def decoded_pixels(image: Image.Image) -> np.ndarray:
+    """A PIL image -> uint8 [height, width, channels] as a decoder hands it to an app: gray,
+    gray + alpha, RGB or RGBA (palettes expanded, 16-bit scaled to 8 bits, CMYK as RGB)."""
+    if image.mode not in ("L", "LA", "RGB", "RGBA"):
+        with_alpha = "A" in image.getbands() or "transparency" in image.info
+        image = to_model_mode(image, 1) if image.mode.startswith("I") or image.mode == "F" else \
+            image.convert("RGBA" if with_alpha else "RGB")
+    pixels = np.asarray(image)
+    return pixels[..., None] if pixels.ndim == 2 else pixels
+
+
+def pipeline_session(path: Path) -> ort.InferenceSession:
+    """A CPU session of a pipeline graph this export just wrote."""
+    return ort.InferenceSession(str(path), quiet_session_options(), providers=["CPUExecutionProvider"])
+
+
+def run_pipeline(session: ort.InferenceSession, pixels: np.ndarray) -> np.ndarray:
+    """uint8 [height, width, channels] -> probabilities float32 [classes]."""
+    return session.run([PIPELINE_OUTPUT], {PIPELINE_INPUT: pixels}, QUIET_RUN)[0]
+
+
+def verification_uploads(images: list[Image.Image], config: ViTConfig) -> list[tuple[str, Image.Image]]:
+    """Real images turned into what people upload, (name, image): each as it is, as a photo of
+    paper (dark ink on light, uneven light, enlarged), as a screenshot-sized transparent canvas
+    with a thin pen, and with an alpha channel (gray + alpha, or RGBA)."""
+    rng = np.random.default_rng(0)
+    uploads = []
+    for number, image in enumerate(images):
+        gray = np.asarray(to_model_mode(image, 1), dtype=np.float32)
+        uploads.append((f"image {number}", image))
+        uploads.append((f"image {number} photographed", _photographed(image, gray, rng, config)))
+        uploads.append((f"image {number} on a canvas", _on_canvas(gray, rng)))
+        alpha = Image.fromarray((rng.uniform(0.6, 1.0, gray.shape) * 255).astype(np.uint8))
+        with_alpha = image.convert("LA" if image.mode == "L" else "RGBA")
+        with_alpha.putalpha(alpha)
+        uploads.append((f"image {number} with alpha", with_alpha))
+    return uploads
+
+
+def _photographed(image: Image.Image, gray: np.ndarray, rng: np.random.Generator, config: ViTConfig) -> Image.Image:
+    """Enlarged 4-12x, lit unevenly, with sensor noise; a digit's ink dark on light paper."""
+    scale = rng.uniform(4, 12)
+    size = (max(2, round(image.width * scale)), max(2, round(image.height * scale)))
+    base = 255.0 - gray if config.canonicalize == "digit" else gray
+    colour = np.asarray(image.convert("RGB"), dtype=np.float32) if config.canonicalize != "digit" else base[..., None] * \
+        np.array([1.0, 0.97, 0.9], dtype=np.float32)
+    big = np.asarray(Image.fromarray(colour.clip(0, 255).astype(np.uint8)).resize(size, Image.Resampling.BICUBIC),
+                     dtype=np.float32)
+    light = np.linspace(0.75, 1.0, size[0], dtype=np.float32)[None, :, None]
+    noisy = big * light + rng.normal(0, 3, big.shape)
+    return Image.fromarray(noisy.clip(0, 255).astype(np.uint8))
+
+
+def _on_canvas(gray: np.ndarray, rng: np.random.Generator) -> Image.Image:
+    """The image's ink as a thin dark pen on a transparent 1280x720 canvas, off centre."""
+    scale = rng.uniform(8, 14)
+    size = (round(gray.shape[1] * scale), round(gray.shape[0] * scale))
+    ink = np.asarray(Image.fromarray(gray.astype(np.uint8)).resize(size, Image.Resampling.BILINEAR)) > 160
+    canvas = np.zeros((720, 1280, 4), dtype=np.uint8)
+    top, left = int(rng.integers(0, 720 - size[1])), int(rng.integers(0, 1280 - size[0]))
+    canvas[top:top + size[1], left:left + size[0]][ink] = (20, 20, 60, 255)
+    return Image.fromarray(canvas, "RGBA")
+
+
+def verify_pipeline(pipeline: Path, logits_graph: Path, config: ViTConfig, uploads: list[tuple[str, Image.Image]],
+                    tolerance: float = PROBABILITY_TOLERANCE) -> dict[str, Any]:
+    """pipeline.onnx against the Python path (`preprocess`, the logits graph, softmax) on each
+    upload: the report's section for it, with a failure for any upload whose top label differs
+    (where the Python path's margin exceeds the tolerance) or whose probabilities differ by more."""
+    graph, network = pipeline_session(pipeline), pipeline_session(logits_graph)
+    rows, failures = [], []
+    for name, image in uploads:
+        expected = softmax(network.run([GRAPH_LOGITS], {GRAPH_INPUT: preprocess(image, config)[None]}, QUIET_RUN)[0])[0]
+        got = run_pipeline(graph, decoded_pixels(image))
+        difference = float(np.abs(expected - got).max())
+        ranked = np.sort(expected)[::-1]
+        label_differs = int(got.argmax()) != int(expected.argmax()) and ranked[0] - ranked[1] > tolerance
+        rows.append({"upload": name, "size": list(image.size), "mode": image.mode, "max_abs_diff": difference,
+                     "label": config.labels[int(expected.argmax())], "same_label": not label_differs})
+        if label_differs or difference > tolerance:
+            failures.append(f"{pipeline.name} on {name}: expected the Python path's probabilities within {tolerance:g} "
+                            f"and its label {config.labels[int(expected.argmax())]!r}, got {config.labels[int(got.argmax())]!r} "
+                            f"and a difference of {difference:.2g}")
+    return {"uploads": len(rows), "tolerance_max_abs_diff": tolerance, "provider": "CPUExecutionProvider",
+            "max_abs_diff": max(row["max_abs_diff"] for row in rows), "rows": rows, "failures": failures}
+
+
+def pipeline_uploads(images: list[Image.Image], config: ViTConfig) -> list[tuple[str, Image.Image]]:
+    """What an export checks its pipeline on, skipping uploads the Python path itself refuses
+    (a digit model refuses an image without ink: the graph's refusal is tested on its own)."""
+    kept = []
+    for name, image in verification_uploads(images, config):
+        try:
+            preprocess(image, config)
+        except canonical.EmptyImageError:
+            continue
+        kept.append((name, image))
+    return kept
