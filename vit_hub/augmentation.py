@@ -65,9 +65,11 @@ GREY = np.array([0.299, 0.587, 0.114])  # luma weights of PIL's and torchvision'
 class TrainTransform:
     """Random augmentation, then the same conversion and normalisation as EvalTransform.
 
-    digits: small random affine (rotation, shift, scale, shear) of the resized image, then
-        what canonicalising an upload leaves (`upload_variations`): elastic distortion, a
-        stroke a little thicker or thinner, a short gap in a stroke, blur and sensor noise.
+    digits: small random affine (rotation, shift, scale, shear) of the resized image; for
+        canonicalised digits (`canonicalize: digit`) then what canonicalising an upload leaves
+        (`upload_variations`): elastic distortion, a stroke a little thicker or thinner, a
+        short gap in a stroke, blur and sensor noise. Other grayscale images (a photo folder
+        trained in grayscale) get the affine alone: those changes copy a pen, not a camera.
     photos: random-resized crop that keeps most of the frame (a small object is not cropped
         away), horizontal flip, colour jitter (another camera, stain or light: brightness,
         contrast, saturation and hue), RandAugment, then random erasing.
@@ -81,6 +83,7 @@ class TrainTransform:
         self.config = config
         self.augment = resolve_augment(augment, config)
         self.model_input = ModelInput(config)
+        self.as_uploads = self.augment == "digits" and config.canonicalize == "digit"
         if self.augment == "digits":
             self.affine = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=8)
             self.elastic = v2.RandomApply([v2.ElasticTransform(alpha=ELASTIC_ALPHA, sigma=ELASTIC_SIGMA)], p=0.5)
@@ -102,7 +105,9 @@ class TrainTransform:
             image = self.rand_augment(colour_jitter(image))
             box = erasing_box(*self.config.image_size)
         elif self.augment == "digits":
-            image = upload_variations(self.elastic(self.affine(resize(image, self.config))))
+            image = self.affine(resize(image, self.config))
+            if self.as_uploads:
+                image = upload_variations(self.elastic(image))
         else:
             image = resize(image, self.config)
         return uint8_pixels(image), torch.tensor(box, dtype=torch.int32)
