@@ -16,7 +16,7 @@ from conftest import TINY_MODEL, TINY_RUN, read_json, tiny_config, train_flags
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from vit_hub import cli
+from vit_hub import checkpoint, cli
 from vit_hub import data as vdata
 from vit_hub import batches
 from vit_hub.checkpoint import load_checkpoint, read_checkpoint_state, save_checkpoint
@@ -251,14 +251,48 @@ def straight_run(split_image_folder, tmp_path_factory):
     return dict(out=out, metrics=metrics)
 
 
-def test_ties_in_validation_accuracy_go_to_the_lower_validation_loss(image_folder, tmp_path, monkeypatch):
-    """A small validation split hits 100 % early; the model kept is the best one after that."""
-    scripted = iter([(0.5, 0.7), (1.0, 0.5), (1.0, 0.2), (1.0, 0.3)])
+def scripted_validation(monkeypatch, scores):
+    """Trainer._validate answers `scores` ((accuracy, loss) per epoch) instead of evaluating."""
+    scripted = iter(scores)
     monkeypatch.setattr(Trainer, "_validate", lambda self: dict(zip(("val_accuracy", "val_loss"), next(scripted))))
-    metrics, stdout, _ = quietly(train, tiny_settings(image_folder, tmp_path / "run", epochs=4))
-    kept = [json.loads(line.removesuffix("  (best)"))["epoch"] for line in stdout.splitlines()
+
+
+def best_epochs(stdout):
+    return [json.loads(line.removesuffix("  (best)"))["epoch"] for line in stdout.splitlines()
             if line.endswith("  (best)")]
-    assert kept == [1, 2, 3] and metrics["best_val_accuracy"] == 1.0
+
+
+def test_ties_in_validation_accuracy_go_to_the_lower_validation_loss(image_folder, tmp_path, monkeypatch):
+    """A validation split that may choose (here: any size) hits 100 % early; the model kept is
+    the best one after that."""
+    monkeypatch.setattr(checkpoint, "MIN_VAL_TO_CHOOSE", 1)
+    scripted_validation(monkeypatch, [(0.5, 0.7), (1.0, 0.5), (1.0, 0.2), (1.0, 0.3)])
+    metrics, stdout, _ = quietly(train, tiny_settings(image_folder, tmp_path / "run", epochs=4))
+    assert best_epochs(stdout) == [1, 2, 3] and metrics["best_val_accuracy"] == 1.0
+    assert metrics["kept"]["epoch"] == 3 and metrics["kept"]["by_validation"]
+    assert "weights kept: the best epoch by validation accuracy (12 validation images)" in stdout
+
+
+def test_a_validation_split_too_small_to_choose_by_keeps_the_last_epoch(image_folder, tmp_path, monkeypatch):
+    """12 validation images: a lucky epoch 2 is the best on validation, the last epoch is kept,
+    and the log, the summary line and metrics.json say so and why."""
+    scripted_validation(monkeypatch, [(0.5, 0.7), (1.0, 0.2), (0.75, 0.5), (0.75, 0.4)])
+    out = tmp_path / "run"
+    metrics, stdout, _ = quietly(train, tiny_settings(image_folder, out, epochs=4))
+    assert best_epochs(stdout) == [1, 2] and metrics["best_val_accuracy"] == 1.0
+    assert metrics["kept"] == read_json(out / "metrics.json")["kept"]
+    assert metrics["kept"]["epoch"] == 4 and not metrics["kept"]["by_validation"]
+    assert "12 validation images are too few to choose an epoch by" in metrics["kept"]["reason"]
+    assert f"weights kept: {metrics['kept']['reason']}" in stdout
+    assert json.loads(stdout.splitlines()[-1])["kept_epoch"] == 4
+    last_epoch = {name.removeprefix("model/"): tensor for name, tensor in weights(out / CHECKPOINT).items()
+                  if name.startswith("model/")}
+    assert_same_tensors(weights(out / "model.safetensors"), last_epoch)
+
+
+@pytest.mark.parametrize("images, by_validation", [(None, True), (999, False), (1000, True), (6000, True)])
+def test_the_selection_rule_follows_the_size_of_the_validation_split(images, by_validation):
+    assert checkpoint.Selection.for_validation(images).by_validation == by_validation
 
 
 def test_validation_and_test_are_reported_side_by_side(straight_run):

@@ -1,11 +1,12 @@
 """What a run saves as it goes: its progress and checkpoint (what `--resume` continues from),
-and the model of its best epoch.
+and the model of the epoch it keeps (`Selection`: its best on validation, or its last when the
+validation split is too small to tell epochs apart).
 
 `checkpoint.safetensors` (`layout.ModelDir.checkpoint`) holds the model's and the optimizer's
 tensors, with the run's state as JSON in the same file's metadata: the settings, the config,
 the epochs done and the history. No pickles: a checkpoint is read like any safetensors file.
 
-The best epoch's model is the model dir's `config.json` and `model.safetensors`, in the
+The kept epoch's model is the model dir's `config.json` and `model.safetensors`, in the
 format `vit_hub.pretrained.VisionTransformer.save_pretrained` writes and `load_model` reads.
 """
 
@@ -30,19 +31,53 @@ from .settings import HOW_TO_RUN, TrainingError, TrainSettings, setting_flag
 from .storage import reading_safetensors, replacing, write_text_atomically
 
 
+# Validation images a run needs to keep its best epoch by validation accuracy rather than its
+# last. Accuracy on n images has a standard error of up to 50/sqrt(n) points (1.6 at 1,000, 7
+# at 50, 10 at 24); the best of a run's noisy scores on a small split is an epoch that drew
+# easy images, often an early one, while the last epoch of the cosine schedule is the settled
+# model (BENCHMARKS.md, "Real photos over three seeds").
+MIN_VAL_TO_CHOOSE = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """Which epoch's weights a run keeps in its model dir, and why (said in the log and in
+    metrics.json): `by_validation` keeps the best on validation, else the last epoch."""
+
+    by_validation: bool
+    reason: str
+
+    @classmethod
+    def for_validation(cls, images: int | None) -> "Selection":
+        """The rule for a validation split of `images` images (None: no validation split, the
+        training accuracy decides, as before validation existed)."""
+        if images is None:
+            return cls(True, "the best epoch by training accuracy (no validation split)")
+        if images >= MIN_VAL_TO_CHOOSE:
+            return cls(True, f"the best epoch by validation accuracy ({images:,} validation images)")
+        return cls(False, f"the last epoch: {images:,} validation images are too few to choose an epoch by "
+                          f"(accuracy moves in steps of {100 / max(1, images):.1f} points; fewer than "
+                          f"{MIN_VAL_TO_CHOOSE:,}, give a larger --val-split or a val/ folder to choose by it)")
+
+
 @dataclasses.dataclass
 class Progress:
-    """How far a run has come: epochs done, their records, and the best epoch's scores."""
+    """How far a run has come: epochs done, their records, the best epoch's scores, and the
+    epoch whose weights are kept (`selection`: the best one, or every new one)."""
 
     epochs_done: int = 0
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     best_accuracy: float = -1.0
     best_loss: float = math.inf
+    kept_epoch: int = 0
+    selection: Selection = Selection(True, "the best epoch")
 
     def add(self, record: dict[str, Any]) -> bool:
         """Record an epoch; True when it is the best so far (validation accuracy, else training).
         Ties go to the lower loss: a small validation split reaches 100 % long before the
-        model is done, and the first epoch to reach it is rarely the best one."""
+        model is done, and the first epoch to reach it is rarely the best one. The epoch is
+        kept (`kept_epoch`) when it is the best and the selection is by validation, or always
+        when it is not."""
         self.history.append(record)
         self.epochs_done = record["epoch"]
         accuracy = record.get("val_accuracy", record["train_accuracy"])
@@ -50,16 +85,24 @@ class Progress:
         improved = (accuracy, -loss) > (self.best_accuracy, -self.best_loss)
         if improved:
             self.best_accuracy, self.best_loss = accuracy, loss
+        if improved or not self.selection.by_validation:
+            self.kept_epoch = self.epochs_done
         return improved
+
+    def kept(self) -> dict[str, Any]:
+        """Which weights the model dir holds and why, for metrics.json and the log."""
+        return {"epoch": self.kept_epoch, "by_validation": self.selection.by_validation,
+                "reason": self.selection.reason}
 
     def state(self) -> dict[str, Any]:
         """The checkpoint's record of the progress (JSON-native)."""
         return {"epoch": self.epochs_done, "history": self.history, "best_accuracy": self.best_accuracy,
-                "best_loss": self.best_loss}
+                "best_loss": self.best_loss, "kept_epoch": self.kept_epoch}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Progress":
-        return cls(state["epoch"], state["history"], state["best_accuracy"], state.get("best_loss", math.inf))
+    def from_state(cls, state: dict[str, Any], selection: Selection) -> "Progress":
+        return cls(state["epoch"], state["history"], state["best_accuracy"], state.get("best_loss", math.inf),
+                   state.get("kept_epoch", 0), selection)
 
 
 def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -112,8 +155,8 @@ def _checkpoint_metadata(path: Path) -> dict[str, str]:
     return metadata
 
 
-# The best epoch's model ----------------------------------------------------------------------
-def save_best_model(model: VisionTransformer, out: ModelDir) -> None:
+# The kept epoch's model -----------------------------------------------------------------------
+def save_kept_model(model: VisionTransformer, out: ModelDir) -> None:
     """The model's weights and config into the model dir, each written beside its file and
     moved in (`replacing`), weights first: a kill leaves the previous model, or the new
     weights beside the config they share (every epoch of a run has one architecture).
@@ -123,8 +166,8 @@ def save_best_model(model: VisionTransformer, out: ModelDir) -> None:
     write_text_atomically(out.config, json.dumps(model.config.to_dict(), sort_keys=True, indent=2))
 
 
-def load_best_model(config: ViTConfig, out: ModelDir, device: torch.device) -> VisionTransformer:
-    """The best epoch's weights (`save_best_model`) read back into a model of `config` on
+def load_kept_model(config: ViTConfig, out: ModelDir, device: torch.device) -> VisionTransformer:
+    """The kept epoch's weights (`save_kept_model`) read back into a model of `config` on
     `device`, in eval mode (strict: every weight, none missing or unexpected)."""
     model = VisionTransformer(config)
     with reading_safetensors(out.weights):

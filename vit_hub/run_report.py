@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from . import data as vdata
+from .checkpoint import Progress
 from .config import ViTConfig, size_text
 from .distributed import Runtime
 from .layout import ModelDir
@@ -79,12 +80,14 @@ def write_figures(out: ModelDir, history: list[dict[str, Any]], results: dict[st
                               title=f"{split} split, accuracy {results[split]['accuracy']:.4f}")
 
 
-def print_summary(out: Any, final: dict[str, Any], best_val_accuracy: float, skipped: str | None) -> None:
+def print_summary(out: Any, final: dict[str, Any], progress: Progress, skipped: str | None) -> None:
     """The run's last lines: skipped files and a shift warning on stderr, then one JSON line
-    on stdout (the model dir, the final split's scores, every split's accuracy)."""
+    on stdout (the model dir, the final split's scores, every split's accuracy, the best
+    validation accuracy and the epoch whose weights were kept)."""
     if skipped:
         print(skipped, file=sys.stderr)
     if final.get("warning"):
         print(f"warning: {final['warning']}", file=sys.stderr)
     shown = {f"{name}_accuracy": value["accuracy"] for name, value in final.get("evaluation", {}).items()}
-    print(json.dumps({"out": str(out), **final.get("final", {}), **shown, "best_val_accuracy": best_val_accuracy}))
+    print(json.dumps({"out": str(out), **final.get("final", {}), **shown, "best_val_accuracy": progress.best_accuracy,
+                      "kept_epoch": progress.kept_epoch}))

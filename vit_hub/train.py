@@ -4,8 +4,9 @@ weights, metrics and plots of a model dir.
     settings -> data splits -> config (preset / chosen from the data / flags)
       -> epochs of AdamW with warmup + cosine, label smoothing, gradient clipping
       -> after every epoch: validation, metrics.json, a resumable checkpoint, and the
-         model dir's weights and config refreshed whenever validation accuracy improves
-      -> at the end: the best weights evaluated on the test split, curves, confusion matrix
+         model dir's weights and config refreshed with the epoch it keeps: the best on
+         validation, or the last when validation is too small to choose by (`Selection`)
+      -> at the end: the kept weights evaluated on the test split, curves, confusion matrix
 
 `build_trainer()` does the set-up (reads the checkpoint, joins the process group, lists the
 data, chooses the config, builds the model, optimizer and loaders) and hands the parts to a
@@ -37,8 +38,8 @@ from tqdm.auto import tqdm
 
 from . import data as vdata
 from . import run_report
-from .checkpoint import (Progress, check_resume_flags, load_best_model, load_checkpoint, read_checkpoint_state,
-                         resumed_settings, save_best_model, save_checkpoint)
+from .checkpoint import (Progress, Selection, check_resume_flags, load_checkpoint, load_kept_model,
+                         read_checkpoint_state, resumed_settings, save_checkpoint, save_kept_model)
 from .config import ViTConfig, convstem_fits, preset_fields, suggest_for_data
 from .distributed import Runtime, all_reduce, barrier, from_main, start_runtime
 from .evaluation import evaluate, final_evaluation
@@ -75,7 +76,7 @@ class Trainer:
     flops_per_image: float  # one training image, forward and backward
     start: PretrainedStart | None = None  # the pretrained weights a fine-tuning run started from
     data_stats: vdata.ImageStats | None = None  # what chose the config, when the data did
-    best_model: VisionTransformer | None = None  # once the run has finished: its best epoch, evaluated
+    best_model: VisionTransformer | None = None  # once the run has finished: its kept epoch, evaluated
 
     def run(self, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Train to the end, or pause after `stop_after_epochs` more epochs (resumable)."""
@@ -124,7 +125,8 @@ class Trainer:
             lines.append(f"init: {describe(self.start.source)}")
         lines += [run_report.model_line(self.model, self.config),
                   run_report.training_line(self.schedule, self.runtime, self.loaders.train_loader.num_workers),
-                  run_report.step_line(self.step, self.flops_per_image)]
+                  run_report.step_line(self.step, self.flops_per_image),
+                  f"weights kept: {self.progress.selection.reason}"]
         print("\n".join(lines))
 
     def _train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -201,8 +203,8 @@ class Trainer:
     def _end_epoch(self, record: dict[str, Any]) -> None:
         improved = self.progress.add(record)
         if self.runtime.is_main:
-            if improved:
-                save_best_model(self.model, self.out)
+            if self.progress.kept_epoch == record["epoch"]:
+                save_kept_model(self.model, self.out)
             self._save_checkpoint()
             self._write_metrics()
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
@@ -217,6 +219,7 @@ class Trainer:
         return {
             "history": self.progress.history,
             "best_val_accuracy": self.progress.best_accuracy,
+            "kept": self.progress.kept(),
             "epochs": self.schedule.epochs,
             "settings": dataclasses.asdict(self.settings),
             "hardware": run_report.hardware(self.runtime, self.step.amp_dtype),
@@ -227,10 +230,10 @@ class Trainer:
         write_text_atomically(self.out.metrics, json.dumps(metrics, indent=2) + "\n")
 
     def _finish(self) -> dict[str, Any]:
-        """Best weights back in, evaluated on validation and test side by side (a test split
+        """Kept weights back in, evaluated on validation and test side by side (a test split
         far below validation is reported); metrics and plots written, `best_model` set."""
-        barrier(self.runtime)  # rank 0 has written the best weights; everyone loads them
-        best = self.best_model = load_best_model(self.config, self.out, self.runtime.device)
+        barrier(self.runtime)  # rank 0 has written the kept weights; everyone loads them
+        best = self.best_model = load_kept_model(self.config, self.out, self.runtime.device)
         results = {name: evaluate(best, self.loaders.eval_loader(name), self.runtime.device,
                                   self.config.num_classes, self.runtime)
                    for name in ("val", "test") if name in self.loaders.eval_sets}
@@ -239,7 +242,7 @@ class Trainer:
         if self.runtime.is_main:
             self._write_metrics(final)
             run_report.write_figures(self.out, self.progress.history, results, self.config.labels)
-            run_report.print_summary(self.out.folder, final, self.progress.best_accuracy, self.unreadable.summary())
+            run_report.print_summary(self.out.folder, final, self.progress, self.unreadable.summary())
         return {**self._metrics(), **final}
 
 
@@ -322,9 +325,10 @@ def build_trainer(settings: TrainSettings, resume: bool = False, resume_flags: d
         check_resume_flags(resume_flags, resolved, settings, config, out)
     model = _build_model(config, settings.seed, start, runtime.device)
     optimizer = make_optimizer(model, settings.weight_decay, schedule.peak_lr)
-    progress = Progress()
+    selection = Selection.for_validation(len(splits.val) if splits.val is not None else None)
+    progress = Progress(selection=selection)
     if state is not None:
-        progress = Progress.from_state(load_checkpoint(ModelDir(out).checkpoint, model, optimizer))
+        progress = Progress.from_state(load_checkpoint(ModelDir(out).checkpoint, model, optimizer), selection)
     flops = training_flops(model)
     loaders = build_loaders(settings, runtime, config, splits, schedule)
     step = build_step(model, optimizer, runtime, settings.compile, schedule.total_steps,
