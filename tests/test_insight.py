@@ -321,3 +321,28 @@ def test_the_analyses_and_figures_need_no_torch():
               "assert 'torch' not in sys.modules, 'torch imported'\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_distance_reading_says_each_thing_once():
+    """One value for a span that rounds alike; global early and late layers in one clause; no
+    "tokens's" for a mean-pooled model."""
+    config = ViTConfig(**tiny_config(image_size=16, patch_size=4, depth=2, pooling="mean"))
+    uniform = insight.uniform_distance(config)
+    distance = np.full((2, 2), uniform)  # [depth, heads]: every head as far as uniform attention
+    text = insight.read_distances(distance, np.full((2, 2), 3.0), config, "test images")
+    assert f"attend {uniform:.1f} px away" in text and " to " not in text.split("(")[0]
+    assert text.count("global") == 1 and "every head is global" in text
+    assert "The attention of the mean of the patch tokens spreads" in text and "'s attention" not in text
+
+
+def test_a_card_fine_tuned_in_its_own_folder_says_so_and_names_the_architecture_once(tmp_path):
+    from vit_hub.pretrained import VisionTransformer
+
+    model_dir = tmp_path / "again"
+    VisionTransformer(**tiny_config()).save_pretrained(model_dir)
+    source = {"kind": "fine-tuned", "source": str(model_dir), "revision": None, "hub": False, "library": "vit_hub",
+              "architecture": "vit_hub ViT", "license": "mit", "num_classes": 2, "notes": []}
+    (model_dir / "source.json").write_text(json.dumps(source))
+    text = render_card_text(model_dir)
+    assert "fine-tuned with vit_hub from its own earlier weights (vit_hub ViT)" in text
+    assert "vit_hub vit_hub" not in text and "github.com" not in text

@@ -24,6 +24,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .config import ViTConfig, read_json, size_text
 from .errors import UserError
+from .insight import NOT_SHOWN
 from .layout import INSPECT_FIGURES, ModelDir
 from .storage import count_parameters
 
@@ -94,21 +95,34 @@ def _code(language: str, *lines: str) -> list[str]:
     return [f"{fence}{language}", *lines, fence]
 
 
-def _origin(config: ViTConfig, source: dict[str, Any] | None) -> str:
-    """The card's first sentence: how the weights came to be, what the model takes and gives."""
+def _origin(config: ViTConfig, source: dict[str, Any] | None, folder: Path) -> str:
+    """The card's first sentence: how the weights came to be, what the model takes and gives.
+    Only what exists is linked: a source on the Hub."""
     image = f"{size_text(config.image_size)} {'grayscale' if config.in_channels == 1 else 'RGB'} input"
     outputs = f"{config.num_classes} classes" if config.num_classes else "no head (its output is the pooled features)"
-    vit_hub = "[vit_hub](https://github.com/vit-hub/vit_hub)"
+    vit_hub = "vit_hub"
     if source is None:
         return f"A Vision Transformer image classifier trained from scratch with {vit_hub}: {outputs}, {image}."
-    name = _text(source["source"])
-    where = f"[{name}](https://huggingface.co/{quote(str(source['source']))})" if source.get("hub") else name
-    what = f"{_text(source['library'])} {_text(source['architecture'])} ({where})"
+    what = _source_words(source, folder)
     licence = (f"Licence: {_text(source['license'])}, as the source states." if source.get("license") else
                "The source states no licence: check its terms before using these weights.")
     if source.get("kind") == "imported":
         return f"A Vision Transformer converted with {vit_hub} from {what}, weights unchanged: {outputs}, {image}. {licence}"
     return f"A Vision Transformer fine-tuned with {vit_hub} from {what}: {outputs}, {image}. {licence}"
+
+
+def _source_words(source: dict[str, Any], folder: Path) -> str:
+    """The weights a model started from, in words: its architecture, named once ("vit_hub ViT",
+    not "vit_hub vit_hub ViT"), and where they came from (its own earlier weights when a model
+    was trained further in its own folder)."""
+    library, architecture = str(source["library"]), str(source["architecture"])
+    named = _text(architecture if architecture.startswith(library) else f"{library} {architecture}")
+    name = _text(source["source"])
+    if source.get("hub"):
+        return f"{named} ([{name}](https://huggingface.co/{quote(str(source['source']))}))"
+    if Path(str(source["source"])).resolve() == folder.resolve():
+        return f"its own earlier weights ({named})"
+    return f"{named} ({name})"
 
 
 def _architecture_table(config: ViTConfig, parameters: int | None) -> str:
@@ -182,7 +196,7 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
     source = read_source_record(files.folder)
     sections = [
         "---", card_metadata(config, metrics, name, source).to_yaml(), "---", "",
-        f"# {_text(name)}", "", _origin(config, source), "",
+        f"# {_text(name)}", "", _origin(config, source, files.folder), "",
         "## Architecture", "", _architecture_table(config, count_parameters(files.weights)), "",
         *_training_section(metrics, source),
         "## Metrics", "", _metrics_section(metrics), "",
@@ -240,12 +254,16 @@ def _inside_section(files: ModelDir) -> list[str]:
         readings = None
     readings = readings if isinstance(readings, dict) else {}
     lines = ["## Inside the model", "",
-             "The views of the ViT paper (Dosovitskiy et al. 2020, Figure 7): the patch projection's filters, "
+             "The views of the ViT paper (Dosovitskiy et al. 2021, Figure 7): the patch projection's filters, "
              "the similarity of the position embeddings, and how far each head looks "
              f"(`vit-hub inspect`; numbers in `{ModelDir.inspect_report}`).", ""]
     for figure in shown:
         view = Path(figure).stem
-        lines += [f"![{view.replace('_', ' ')}]({figure})", "", _text(readings.get(view, "")), ""]
+        reading = _text(readings.get(view, ""))
+        if reading.startswith(NOT_SHOWN):  # the view could not be computed: its reason, no picture
+            lines += [f"{view.replace('_', ' ').capitalize()}: {reading}", ""]
+        else:
+            lines += [f"![{view.replace('_', ' ')}]({figure})", "", reading, ""]
     return lines
 
 

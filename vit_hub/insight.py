@@ -1,5 +1,5 @@
 """Inside the model: the ViT paper's own views of what a trained ViT learned (Dosovitskiy et al.,
-2020, "An Image is Worth 16x16 Words", Figure 7 and Appendix D.7), measured for any vit_hub model.
+2021, "An Image is Worth 16x16 Words", Figure 7 and Appendix D.7), measured for any vit_hub model.
 
     patch_filters        principal components of the patch projection's filters, with the
                          share of variance each explains
@@ -296,6 +296,9 @@ def _rounded(array: np.ndarray | None, down: bool = False) -> Any:
 
 
 # Readings: one sentence per view, from the numbers ----------------------------------------
+NOT_SHOWN = ("Not shown:", "Not measured:")  # how the reading of a view that has no numbers starts
+
+
 def read_filters(filters: PatchFilters) -> str:
     if filters.variance is None:
         return f"Not shown: {filters.note}."
@@ -324,21 +327,32 @@ def read_distances(distance: np.ndarray | None, pooled: np.ndarray | None, confi
         return f"Not measured: {data_note}."
     uniform, depth = uniform_distance(config), len(distance)
     first, last = distance[0], distance[-1]
-    early = distance[: max(1, depth // 2)].ravel()
-    if (early < LOCAL * uniform).any() and (early > GLOBAL * uniform).any():
-        early_words = "early layers mix local and global heads"
-    elif (early < LOCAL * uniform).all():
-        early_words = "early layers are local"
-    elif (early > GLOBAL * uniform).all():
-        early_words = "early layers are already global"
-    else:
-        early_words = "early layers look at middle distances"
-    late_words = "later layers are global" if (last > GLOBAL * uniform).all() else "later layers keep local heads"
+    layers = (f"Layer 1's heads attend {_span(first)} away" if depth == 1 else
+              f"Layer 1's heads attend {_span(first)} away, layer {depth}'s {_span(last)}")
     token = pooled_token(config).split(" (")[0]
-    return (f"Layer 1's heads attend {first.min():.1f} to {first.max():.1f} px away, layer {depth}'s "
-            f"{last.min():.1f} to {last.max():.1f} px (uniform attention: {uniform:.1f} px): "
-            f"{early_words}; {late_words}. The {token}'s attention spreads over {pooled[0].mean():.1f} px "
-            f"in layer 1 and {pooled[-1].mean():.1f} px in layer {depth} (mean of the heads).")
+    spread = (f"{pooled[0].mean():.1f} px" if depth == 1 else
+              f"{pooled[0].mean():.1f} px in layer 1 and {pooled[-1].mean():.1f} px in layer {depth}")
+    return (f"{layers} (uniform attention: {uniform:.1f} px): {_locality_words(distance, uniform)}. "
+            f"The attention of the {token} spreads over {spread} (mean of the heads).")
+
+
+def _span(values: np.ndarray) -> str:
+    """"12.4 to 13.6 px", or "14.7 px" when every value rounds alike."""
+    low, high = f"{values.min():.1f}", f"{values.max():.1f}"
+    return f"{low} px" if low == high else f"{low} to {high} px"
+
+
+def _locality_words(distance: np.ndarray, uniform: float) -> str:
+    """How local the early layers (the first half) and the last layer look, in words."""
+    early, last = distance[: max(1, len(distance) // 2)].ravel(), distance[-1]
+    local, wide = early < LOCAL * uniform, early > GLOBAL * uniform
+    last_global = bool((last > GLOBAL * uniform).all())
+    if wide.all():
+        return "every head is global, from the first layers to the last" if last_global else \
+            "the early layers are global, the last keeps local heads"
+    early_words = ("the early layers mix local and global heads" if local.any() and wide.any() else
+                   "the early layers are local" if local.all() else "the early layers look at middle distances")
+    return f"{early_words}; {'the last layer is global' if last_global else 'the last layer keeps local heads'}"
 
 
 # With the torch model ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A Vision Transformer (Dosovitskiy et al., 2020), written to be read top to bottom.
+"""A Vision Transformer (Dosovitskiy et al., 2021), written to be read top to bottom.
 
     image [B, C, H, W]
       -> patch embedding                    [B, N, D]   N = (H/p) * (W/p) patches

@@ -175,7 +175,7 @@ def last_layer_attention(attentions: Any, grid_size: tuple[int, int] | None = No
                          pooling: str = "cls") -> np.ndarray:
     """The last layer's attention from the pooled token(s) to the patches, mean over heads:
     [depth, B, heads, T, T] -> [B, grid_h, grid_w] in [0, 1]. What the head reads directly,
-    with none of the earlier layers' mixing followed (Dosovitskiy et al. 2020, Figure 6
+    with none of the earlier layers' mixing followed (Dosovitskiy et al. 2021, Figure 6
     shows rollout instead)."""
     attentions = as_numpy(attentions)
     _check_attentions(attentions)

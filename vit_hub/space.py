@@ -277,14 +277,14 @@ def readme_text(repo_id: str, settings: SpaceSettings, model_repo: str | None, l
     served = (f"the model [{model_repo}](https://huggingface.co/{model_repo}) at commit `{settings.revision}`, "
               f"downloaded when the Space starts" if model_repo else f"the model bundled in `{MODEL_FOLDER}/`")
     return (f"---\n{_yaml(front)}---\n\n# {front['title']}\n\n"
-            f"A [vit_hub](https://github.com/vit-hub/vit_hub) Vision Transformer demo: upload an image to see "
+            f"A vit_hub Vision Transformer demo: upload an image to see "
             f"the top classes, a map of the patches that support the prediction, and the attention rollout layer "
             f"by layer. It serves {served}, with ONNX Runtime on the CPU.\n\n"
             f"From Python, `gradio_client` calls `/predict` (labels and the map of the patches as numbers), "
             f"`/predict_labels` (labels only) or `/explain` (labels and the page's four pictures):\n\n"
             f"```python\nfrom gradio_client import Client, handle_file\n\n"
             f"client = Client(\"{repo_id}\")\n"
-            f"print(client.predict(handle_file(\"digit.png\"), 3, api_name=\"/predict_labels\"))\n```\n\n"
+            f"print(client.predict(handle_file(\"image.png\"), 3, api_name=\"/predict_labels\"))\n```\n\n"
             f"Written by `vit-hub space`; `{SETTINGS_FILE}` names the model `app.py` serves.\n")
 
 

@@ -253,7 +253,7 @@ def _views_or_error(predictor: Predictor) -> ModelViews | str:
 
 def _inside_tab(views: ModelViews | str) -> None:
     """Views 1-3 of the model, each with its one-sentence reading (or the reason it is missing)."""
-    gr.Markdown("What the model learned, as the ViT paper shows it (Dosovitskiy et al. 2020, Figure 7): the "
+    gr.Markdown("What the model learned, as the ViT paper shows it (Dosovitskiy et al. 2021, Figure 7): the "
                 "filters its patch projection applies, how alike its position embeddings are, and how far "
                 "each head looks. The per-head maps of one image are under the rollout on the Classify tab.")
     if isinstance(views, str):
