@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.version_converter
 import onnxruntime as ort
 from onnx import helper
 from PIL import Image
@@ -34,7 +35,7 @@ from vit_hub.postprocess import softmax
 from vit_hub.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limit, preprocess, to_model_mode
 
 from .canonical_graph import centre_digit
-from .graph_builder import FLOAT, INT64, UINT8, GraphBuilder
+from .graph_builder import DOUBLE, FLOAT, UINT8, GraphBuilder
 from .graph_numpy import dims, resample, vector
 from .session import QUIET_RUN, quiet_session_options
 
@@ -62,7 +63,8 @@ def preprocessing_graph(config: ViTConfig) -> onnx.ModelProto:
         planes = (g.Unsqueeze(_gray(g, colour), g.const([0])) if config.in_channels == 1
                   else g.Transpose(colour, perm=[2, 0, 1]))  # [C, h, w]
     height, width = config.image_size
-    sized = resample(g, planes, g.const(height), g.const(width), config.interpolation, eight_bit=True, kind=FLOAT)
+    sized = g.Cast(resample(g, g.Cast(planes, to=DOUBLE), g.const(height), g.const(width), config.interpolation,
+                            eight_bit=True), to=FLOAT)  # in doubles: Pillow's fixed-point sums are exact there
     output = g.Unsqueeze(_normalized(g, sized, config), g.const([0]))
     return g.model([helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"])],
                    [helper.make_tensor_value_info(output, FLOAT, [1, config.in_channels, height, width])],
@@ -125,7 +127,7 @@ def write_pipeline(logits_graph: Path, target: Path, config: ViTConfig) -> Path:
     """preprocessing_graph + the logits graph at `logits_graph` + a softmax -> `target`."""
     network = onnx.load(str(logits_graph))
     preprocessing = onnx.compose.add_prefix(preprocessing_graph(config), "preprocess/")
-    preprocessing.ir_version = network.ir_version
+    network, preprocessing = _same_opset(network, preprocessing)
     merged = onnx.compose.merge_models(preprocessing, network, io_map=[(preprocessing.graph.output[0].name, GRAPH_INPUT)],
                                        outputs=[GRAPH_LOGITS], prefix2="")
     softmax_node = helper.make_node("Softmax", [GRAPH_LOGITS], ["softmax"], axis=-1)
@@ -140,6 +142,20 @@ def write_pipeline(logits_graph: Path, target: Path, config: ViTConfig) -> Path:
     onnx.checker.check_model(merged)
     onnx.save(merged, str(target))
     return target
+
+
+def _same_opset(network: onnx.ModelProto, preprocessing: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Both graphs at the higher of their opsets (the preprocessing needs at least OPSET), and
+    the network's IR version, so they can be merged."""
+    opsets = [_opset(model) for model in (network, preprocessing)]
+    network, preprocessing = (model if opset == max(opsets) else onnx.version_converter.convert_version(model, max(opsets))
+                              for model, opset in zip((network, preprocessing), opsets))
+    preprocessing.ir_version = network.ir_version = max(network.ir_version, preprocessing.ir_version)
+    return network, preprocessing
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
 
 
 def _rename_input(model: onnx.ModelProto, old: str, new: str) -> None:

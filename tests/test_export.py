@@ -103,9 +103,11 @@ def classifier(exported) -> OnnxClassifier:
 def test_export_writes_self_contained_verified_graphs_and_the_config(exported, tiny):
     folder = exported.parent
     assert sorted(path.name for path in folder.iterdir()) == [
-        "config.json", "model.onnx", "model_attentions.onnx", "model_export_report.json"]
+        "config.json", "model.onnx", "model_attentions.onnx", "model_export_report.json", "pipeline.onnx"]
     assert ViTConfig.from_json(folder / "config.json") == tiny[1].config
     report = json.loads((folder / "model_export_report.json").read_text())
+    pipeline = report["pipeline"]["pipeline.onnx"]
+    assert pipeline["uploads"] >= 12 and not pipeline["failures"] and pipeline["max_abs_diff"] <= 1e-4
     assert report["exporter"] == "torchscript" and report["opset"] == 18
     for name, outputs in [("model.onnx", ["logits"]), ("model_attentions.onnx", ["logits", "attentions"])]:
         graph = report["graphs"][name]
@@ -179,7 +181,8 @@ def test_non_square_small_data_model_exports_with_parity(tmp_path, pooling, patc
 
 def test_dynamo_exporter_writes_one_file_with_a_dynamic_batch(tiny, tmp_path):
     path = export_onnx(tiny[1], tmp_path / "dynamo.onnx", exporter="dynamo")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "dynamo.onnx", "dynamo_export_report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json", "dynamo.onnx", "dynamo_export_report.json", "dynamo_pipeline.onnx"]
     report = json.loads((tmp_path / "dynamo_export_report.json").read_text())
     assert report["exporter"] == "dynamo" and report["graphs"]["dynamo.onnx"]["passed"]
     assert isinstance(report["graphs"]["dynamo.onnx"]["inputs"]["pixel_values"][0], str)
@@ -601,10 +604,12 @@ def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_imag
     )
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.parent.iterdir()) == [
-        "config.json", "tiny.onnx", "tiny_attentions.onnx", "tiny_export_report.json", "tiny_int8.onnx"]
+        "config.json", "tiny.onnx", "tiny_attentions.onnx", "tiny_export_report.json", "tiny_int8.onnx",
+        "tiny_pipeline.onnx"]
     assert "tiny.onnx: " in result.stdout and "opset 17" in result.stdout and "int8: accuracy" in result.stdout
-    assert result.stdout.strip().splitlines()[-1] == (
-        f"wrote {out.parent}/: tiny.onnx, tiny_attentions.onnx, tiny_int8.onnx, config.json, tiny_export_report.json")
+    assert "tiny_pipeline.onnx: the Python path's label on" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == (f"wrote {out.parent}/: tiny.onnx, tiny_attentions.onnx, "
+                                                      f"tiny_pipeline.onnx, tiny_int8.onnx, config.json, tiny_export_report.json")
     assert "created" not in json.loads((out.parent / "tiny_export_report.json").read_text())  # same on every run
 
 
