@@ -147,7 +147,8 @@ ACTIVATION = "make install            # once (make app and make test do it too):
 QUICK_START = "vit-hub train --data path/to/folder --out runs/scratch     # from scratch; folder/<class>/<image>"
 TRAIN = "vit-hub train --data path/to/folder --out runs/my-model"
 AFTER_TRAIN = "vit-hub train --resume --out runs/my-model          # continue (also after Ctrl-C): same result as uninterrupted"
-BUNDLED = "vit-hub train --data mnist --init models/vit-mnist --canonicalize digit --lr 1e-4 --epochs 6 --out runs/vit-mnist"
+BUNDLED = ("vit-hub train --data mnist --init models/vit-mnist --canonicalize digit --lr 1e-4 --epochs 6 "
+           "--out /tmp/ft/vit-mnist --device cpu --workers 1")  # the bundled card's command
 EXPORT = "python -m vit_hub.export --model models/vit-mnist --out runs/onnx --output-attentions --quantize int8 --calib-data mnist"
 HUB = "export HF_TOKEN=hf_...            # or `hf auth login`, or --token (a flag is visible to other users)"
 DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same way"
@@ -234,8 +235,8 @@ def test_train_then_resume_eval_predict_info_and_sweep(folder, tiny_mnist, tmp_p
 @pytest.mark.slow
 def test_the_bundled_models_recipe_trains(tiny_mnist, tmp_path):
     text = substitute(block(BUNDLED), [
-        ("--data mnist", f"--data {tiny_mnist}"), ("--epochs 6", "--epochs 1 --workers 0 --device cpu"),
-        ("runs/", f"{tmp_path}/runs/")])
+        ("--data mnist", f"--data {tiny_mnist}"), ("--epochs 6", "--epochs 1"), ("--workers 1", "--workers 0"),
+        ("/tmp/ft/", f"{tmp_path}/runs/")])
     run_block(text)
     assert json.loads((tmp_path / "runs" / "vit-mnist" / "config.json").read_text())["canonicalize"] == "digit"
 
