@@ -1,4 +1,4 @@
-"""Real uploads (issue 24): other people's digit photos and drawings through the live app,
+"""Real uploads: other people's digit photos and drawings through the live app,
 beside a small CNN trained on MNIST with the same canonicalisation.
 
     python bench/real_uploads.py --model models/vit-mnist --dev ../shared/realdigits-dev --json /tmp/real_uploads.json

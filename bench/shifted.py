@@ -10,7 +10,7 @@ Every row trains on a set's train split, selects its best epoch on a seeded, str
 the test split, which comes from a shifted acquisition the training images never show:
   defaults  `vit-hub train --data DIR --out OUT`, nothing else (plus --epochs and --seed
             when given);
-  previous  the same command on the code at commit b6882d2, the defaults before issue 11,
+  previous  the same command on the code at commit b6882d2, the defaults before the colour check,
             run unchanged from a git worktree (created at /tmp/vit_hub_prev if missing);
   naive     a plain ViT: conv patches, learned positions, no locality attention, no
             dropout or stochastic depth, no augmentation;
@@ -179,7 +179,7 @@ def resnet_main(argv: list[str]) -> None:
 
 # Running the rows -------------------------------------------------------------------------------
 def previous_tree() -> Path:
-    """A worktree of the code before issue 11, made once and then reused."""
+    """A worktree of the code of the previous defaults (PREVIOUS_COMMIT), made once and then reused."""
     if not PREVIOUS_TREE.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(PREVIOUS_TREE), PREVIOUS_COMMIT],
                        check=True, capture_output=True)

@@ -11,7 +11,7 @@ shows, the way a new lab, camera or room differs from the one a dataset was coll
                  uninfected; 400 train / 100 test of 80-230 px. Test: another lab's stain
                  (pink/purple in train; denser, greyer lilac/violet-blue in test).
   shapes_tiny    a bright circle or square on a dark 48x48 background, 60 + 60 train,
-                 20 + 20 test, both from the same acquisition (issue 11, item 3).
+                 20 + 20 test, both from the same acquisition.
   objects_small  a triangle, square, cross or ring with a random texture in a busy
                  scene; 1600 train / 400 test of 64-128 px. Test: the object is 2-3x
                  smaller in the frame, anywhere in it, blurred and under other light.
@@ -290,7 +290,7 @@ def draw_shape(rng: np.random.Generator, label: str, split: str) -> Shot:
 
 
 def make_shapes_tiny(root: Path, seed: int = 0, scale: float = 1.0) -> Path:
-    """Circles vs squares, 60 + 60 train / 20 + 20 test, one acquisition (issue 11, item 3)."""
+    """Circles vs squares, 60 + 60 train / 20 + 20 test, one acquisition."""
     return write_set(root, "shapes_tiny", ["circle", "square"], {"train": 60, "test": 20}, draw_shape,
                      seed, scale)
 

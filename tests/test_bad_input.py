@@ -1,4 +1,4 @@
-"""Bad input, as an attacker and as a careless user would give it (issue 12).
+"""Bad input, as an attacker and as a careless user would give it.
 
 Every case asserts: a non-zero exit or the project's own exception; one line that names what
 was expected and what was found; no traceback; nothing half-written; and, for the app, that

@@ -111,7 +111,7 @@ def test_a_stroke_drawn_with_the_mouse_is_a_one(page):
 @pytest.mark.parametrize("brush_size", [2, 40])
 def test_a_seven_drawn_with_a_thin_or_a_thick_brush_is_a_seven(page, brush_size):
     """The brush size slider set as a person would: a hairline (2 px of the 400 px canvas)
-    and a marker (40 px) both reach the model as MNIST-width strokes (issue 24)."""
+    and a marker (40 px) both reach the model as MNIST-width strokes."""
     from playwright.sync_api import expect
 
     page.get_by_role("tab", name="Draw").click()

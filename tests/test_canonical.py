@@ -89,7 +89,7 @@ def test_a_blank_image_is_refused(image):
         centre_digit(to_model_mode(image, 1), (28, 28))
 
 
-# Pen, paper and canvas as people upload them (issue 24) ------------------------------------------
+# Pen, paper and canvas as people upload them ----------------------------------------------------
 # Digits as pen paths in a unit box (x right, y down): what a person draws, at any size and width.
 PATHS = {
     "7": [[(0.15, 0.05), (0.85, 0.05), (0.4, 0.95)]],

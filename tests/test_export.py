@@ -1,4 +1,4 @@
-"""ONNX export and the torch-free ONNX Runtime classifier (issue 3). Offline, CPU."""
+"""ONNX export and the torch-free ONNX Runtime classifier. Offline, CPU."""
 
 from __future__ import annotations
 

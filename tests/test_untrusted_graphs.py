@@ -1,13 +1,13 @@
-"""ONNX graphs from an untrusted model dir (issue 25, items 4 and 6).
+"""ONNX graphs from an untrusted model dir.
 
-Item 4: a graph is checked before ONNX Runtime loads it (export/graph_check.py): only the
+First, a graph is checked before ONNX Runtime loads it (export/graph_check.py): only the
 graphs `python -m vit_hub.export` writes for the dir's config get a session; anything that would
 allocate beyond what the config implies, or uses operators, domains or external data the
 exporter never writes, is refused in one line naming what was found. The hostile graphs run
 in a child process under an address-space limit, so a regression fails on the limit instead
 of taking the machine's memory.
 
-Item 6: graphs are written to a staging folder and moved in whole, and each carries the
+Second, graphs are written to a staging folder and moved in whole, and each carries the
 sha256 of the weights it came from: a real SIGKILL of `python -m vit_hub.export` at several points
 never leaves a cut graph, and ONNX Runtime refuses graphs from other weights.
 """

@@ -1,4 +1,4 @@
-"""The app's uploads are untrusted (issue 25, items 2 and 3).
+"""The app's uploads are untrusted.
 
 Every image a request sends (/predict and /predict_labels' upload, /explain_drawing's
 composite, layers and background) is checked against uploads.APP_MAX_PIXELS from its header
