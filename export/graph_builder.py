@@ -104,10 +104,32 @@ class GraphBuilder:
         zero = self.op("Gather", self.const([0.0]), self.Reshape(index, self.const([1])), name=name)
         return self.Add(value, self.CastLike(self.ReduceSum(zero, keepdims=0), value))
 
+    def without_unused(self, outputs: Sequence[str]) -> None:
+        """Drop the nodes whose outputs nothing reads (constants a step made and did not need),
+        so runtimes don't warn about them; subgraphs count as readers of what they name."""
+        while True:
+            read = set(outputs) | {name for node in self.nodes for name in _read_names(node)}
+            kept = [node for node in self.nodes if any(name in read for name in node.output)]
+            if len(kept) == len(self.nodes):
+                return
+            self.nodes = kept
+
     def model(self, inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto],
               name: str) -> onnx.ModelProto:
+        self.without_unused([value.name for value in outputs])
         graph = helper.make_graph(self.nodes, name, list(inputs), list(outputs))
         proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
                                   producer_name="vit_hub")
         onnx.checker.check_model(proto, full_check=True)
         return proto
+
+
+def _read_names(node: onnx.NodeProto) -> set[str]:
+    """Every value a node reads, its subgraphs' reads included."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            for inner in attribute.g.node:
+                names |= _read_names(inner)
+            names |= {value.name for value in attribute.g.output}
+    return names
