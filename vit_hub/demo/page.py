@@ -39,8 +39,8 @@ from ..samples import example_images, is_digit_model
 from .backends import Predictor
 from .methods import faithfulness_table, opening_method
 from .pictures import answer, explain, map_values
-from .uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, read_drawing, read_upload, user_errors,
-                      without_paths)
+from .uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, map_large_blocks, read_drawing,
+                      read_upload, user_errors, without_paths)
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a Space folder
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
@@ -275,6 +275,7 @@ def _model_input_label(config: ViTConfig) -> str:
 
 def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, **launch: Any):
     """Queue and launch with the safe defaults: no share link, no SSR, capped uploads."""
+    map_large_blocks()  # so memory comes back after a burst of large uploads
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo.launch(server_name=host, server_port=port, share=False, ssr_mode=False,
                        max_file_size=MAX_FILE_SIZE, css=CSS, **launch)

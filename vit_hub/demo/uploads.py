@@ -8,6 +8,7 @@ problem is one `gr.Error` line naming the client's own file name.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import re
 import sys
@@ -116,31 +117,61 @@ def read_drawing(value: dict | None, size: tuple[int, int]) -> Image.Image:
 
 
 def user_errors(handler: Callable) -> Callable:
-    """Report a user's mistake (a UserError from preprocessing, rollout or a backend) as
-    gr.Error, with any server path in the message cut to its last part; anything else is a bug
-    and reaches Gradio as it is. Give the memory the request freed back to the system afterwards."""
+    """Report a user's mistake (gr.Error, or a UserError from preprocessing, rollout or a backend)
+    as gr.Error, with any server path in the message cut to its last part; anything else is a bug
+    and reaches Gradio as it is. The gr.Error is raised afresh, after the mistake's traceback is
+    gone: its frames held the request's decoded images, and Gradio keeps what it is raised with
+    for a while. The memory the request freed goes back to the system."""
     @functools.wraps(handler)
     def wrapped(*args):
-        try:
-            return handler(*args)
-        except gr.Error:
-            raise
-        except UserError as error:
-            raise gr.Error(without_paths(str(error))) from None
-        finally:
-            return_freed_memory()
+        outcome = _outcome(handler, args)
+        del args  # the refusal's traceback holds this frame: not the request's images
+        return_freed_memory()
+        if isinstance(outcome, Refused):
+            raise gr.Error(outcome.message, print_exception=False)  # a user's mistake: no traceback in the log
+        return outcome
     return wrapped
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    message: str  # one line, no server path
+
+
+def _outcome(handler: Callable, args: tuple) -> Any:
+    """handler(*args), or Refused with the message of a user's mistake: the exception and its
+    traceback end here."""
+    try:
+        return handler(*args)
+    except gr.Error as error:
+        return Refused(error.message)
+    except UserError as error:
+        return Refused(without_paths(str(error)))
 
 
 # glibc keeps the large blocks a request freed (a decoded image) for reuse in its per-thread
 # arenas, so after a burst of large uploads the server would keep holding them.
 # malloc_trim(0) returns them; other C libraries have no such call and need none.
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
+# glibc gives a block over its mmap threshold a mapping of its own, unmapped when freed; but the
+# threshold rises to the largest such block freed (up to 32 MB), after which decoded images come
+# from the arenas, which fragment: three bursts of blank 9 MP uploads kept +190 MB. A fixed
+# threshold (mallopt also stops it moving) keeps every large block mapped: +3 MB.
+_MALLOPT = getattr(_LIBC, "mallopt", None)
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+MMAP_THRESHOLD_BYTES = 2**20
 
 
 def return_freed_memory() -> None:
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def map_large_blocks() -> None:
+    """Give every block over MMAP_THRESHOLD_BYTES a mapping of its own, returned when freed (glibc)."""
+    if _MALLOPT is not None:
+        _MALLOPT(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 def without_paths(message: str) -> str:
