@@ -221,7 +221,9 @@ def call(url: str, endpoint: str, data: list) -> tuple[str, object]:
     """POST /gradio_api/call/ENDPOINT, then read its event stream: (last event, its data)."""
     import httpx
 
-    response = httpx.post(f"{url}gradio_api/call/{endpoint}", json={"data": data}, timeout=120)
+    body = json.dumps({"data": data})  # as any client may send it: NaN and Infinity included
+    response = httpx.post(f"{url}gradio_api/call/{endpoint}", content=body,
+                          headers={"Content-Type": "application/json"}, timeout=120)
     response.raise_for_status()
     stream = httpx.get(f"{url}gradio_api/call/{endpoint}/{response.json()['event_id']}", timeout=120).text
     event, payload = re.findall(r"^event: (\w+)\ndata: (.*)$", stream, re.MULTILINE)[-1]

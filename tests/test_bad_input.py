@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -500,7 +501,8 @@ def assert_refused(url: str, event: str, data, fragment: str | None = None) -> N
 
 
 # Gradio's own refusals, each with the reason it logs (a server file is no upload; the request is
-# not the component's data): they come before any handler of ours runs.
+# not the component's data): they come before any handler of ours runs, and the client gets
+# uploads.REFUSED_BY_GRADIO (Gradio itself would send {"error": null}).
 NOT_UPLOADED = "InvalidPathError: Cannot move {} to the gradio cache dir because it was not uploaded by a user"
 NOT_IMAGE_DATA = "validation error for ImageData"
 NOT_EDITOR_DATA = "validation errors for EditorData"
@@ -508,14 +510,38 @@ NOT_AN_EXAMPLE = "Could not preprocess input component at index 0 (a `dataset` c
 
 
 def assert_refused_by_gradio(url: str, event: str, data, server_log: str, reason: str) -> None:
-    """Gradio refused the request for `reason`, found in the server's log: an error event whose
-    message is hidden (Gradio shows none of its own), and no frame of this project's code in the
-    log, so nothing of ours ran, let alone crashed."""
-    assert_refused(url, event, data)
-    assert data == {"error": None}, data
+    """Gradio refused the request for `reason`, found in the server's log: an error event with
+    the app's one line for such refusals (never Gradio's own text, which may name a server
+    path), and no frame of this project's code in the log, so nothing of ours ran, let alone
+    crashed."""
+    assert_refused(url, event, data, uploads.REFUSED_BY_GRADIO)
     assert reason in server_log, server_log
     ours = (f'File "{Path(vit_hub.__file__).parent}{os.sep}', f'File "{REPO / "app.py"}"')
     assert not any(frame in server_log for frame in ours), server_log
+
+
+@pytest.mark.parametrize("endpoint", ["predict", "predict_labels", "explain_drawing"])
+@pytest.mark.parametrize("k", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_a_top_k_that_is_no_finite_number_is_one_line(server, endpoint, k, capfd):
+    image = file_data(upload(server, SAMPLE), orig_name=SAMPLE.name)
+    inputs = {"predict": [image, "mean", 0.0, k, "rollout"], "predict_labels": [image, k],
+              "explain_drawing": [{"background": None, "layers": [], "composite": image}, "mean", 0.0, k, "rollout"]}
+    event, data = call(server, endpoint, inputs[endpoint])
+    if endpoint == "explain_drawing" and abs(k) == float("inf"):  # +-inf: Gradio's slider refuses it first, in one line
+        assert event == "error" and re.fullmatch(r"Value -?inf is (greater|less) than (maximum|minimum) value \d+\.",
+                                                 data["error"]), data
+    else:  # by the app: a user's mistake, no traceback in the log
+        assert_refused(server, event, data, "top-k: expected a whole number of 1 or more")
+        assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("method", [["rollout"], {"rollout": 1}], ids=["list", "dict"])
+def test_a_method_that_is_no_name_is_one_line(server, method, capfd):
+    image = file_data(upload(server, SAMPLE), orig_name=SAMPLE.name)
+    for endpoint in ("predict", "explain"):
+        event, data = call(server, endpoint, [image, "mean", 0.0, 3, method])
+        assert_refused(server, event, data, "method: expected one of")
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def upload_folder() -> Path:

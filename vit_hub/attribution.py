@@ -150,6 +150,6 @@ METHODS: dict[str, Method] = {
 
 def check_method(method: str) -> Method:
     """The registered method of that name; a UserError listing the names otherwise."""
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:  # a list or a dict cannot even be looked up
         raise UserError(f"method: expected one of {', '.join(METHODS)}, got {str(method)[:40]!r}")
     return METHODS[method]

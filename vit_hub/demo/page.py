@@ -18,6 +18,7 @@ them with the safe defaults.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,8 @@ from ..samples import example_images, is_digit_model
 from .backends import Predictor
 from .methods import faithfulness_table, opening_method
 from .pictures import answer, explain, map_values
-from .uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, map_large_blocks, read_drawing,
-                      read_upload, user_errors, without_paths)
+from .uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, map_large_blocks, message_gradio_refusals,
+                      read_drawing, read_upload, user_errors, without_paths)
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a Space folder
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
@@ -69,7 +70,7 @@ class Handlers:
             raise UserError(f"head fusion: expected one of {', '.join(HEAD_FUSIONS)}, got {str(head_fusion)[:40]!r}")
         if not isinstance(discard_ratio, numbers.Real) or not 0.0 <= discard_ratio < 1.0:
             raise UserError(f"discard ratio: expected a number from 0 up to 1, got {str(discard_ratio)[:40]!r}")
-        if not isinstance(k, numbers.Real) or k != int(k) or k < 1:  # more than the classes: all of them
+        if not isinstance(k, numbers.Real) or not math.isfinite(k) or k != int(k) or k < 1:  # more: all classes
             raise UserError(f"top-k: expected a whole number of 1 or more, got {str(k)[:40]!r}")
         return head_fusion, float(discard_ratio), int(k)
 
@@ -275,6 +276,7 @@ def _model_input_label(config: ViTConfig) -> str:
 
 def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, **launch: Any):
     """Queue and launch with the safe defaults: no share link, no SSR, capped uploads."""
+    message_gradio_refusals()
     map_large_blocks()  # so memory comes back after a burst of large uploads
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo.launch(server_name=host, server_port=port, share=False, ssr_mode=False,

@@ -149,6 +149,33 @@ def _outcome(handler: Callable, args: tuple) -> Any:
         return Refused(without_paths(str(error)))
 
 
+# Gradio answers a request its own checks refuse before any handler runs (data that is not the
+# component's, a path that was not uploaded) with {"error": null}: the client learns nothing.
+# Those refusals get this line instead; the exception's own text is never sent (it can name a
+# server path), only its type.
+REFUSED_BY_GRADIO = ("The request was refused: expected an image uploaded to this app and the page's controls, "
+                     "got data this endpoint cannot take")
+
+
+def message_gradio_refusals() -> None:
+    """Make Gradio's refusals without a message say REFUSED_BY_GRADIO (process-wide; once)."""
+    import gradio.queueing
+    import gradio.utils
+
+    original = gradio.utils.error_payload
+    if getattr(original, "names_the_refusal", False):
+        return
+
+    def error_payload(error: BaseException | None, show_error: bool) -> dict:
+        content = original(error, show_error)
+        if content.get("error") is None:
+            content["error"] = REFUSED_BY_GRADIO + (f" ({type(error).__name__})" if error is not None else "")
+        return content
+
+    error_payload.names_the_refusal = True
+    gradio.utils.error_payload = gradio.queueing.error_payload = error_payload
+
+
 # glibc keeps the large blocks a request freed (a decoded image) for reuse in its per-thread
 # arenas, so after a burst of large uploads the server would keep holding them.
 # malloc_trim(0) returns them; other C libraries have no such call and need none.
