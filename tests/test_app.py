@@ -138,6 +138,10 @@ def test_safe_launch_settings(served):
 def test_named_endpoints(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert set(endpoints) == {"/predict", "/predict_labels", "/explain", "/explain_drawing"}
+    predict = endpoints["/predict"]
+    top_k = next(parameter for parameter in predict["parameters"] if parameter["label"] == "Top-k")
+    assert top_k["python_type"]["type"] == "int"  # a whole number, not a float
+    assert [value["label"] for value in predict["returns"]] == ["Prediction", "Explanation map"]  # no value_N
 
 
 def test_predict_answers_labels_and_the_map_as_numbers(client, predictor):

@@ -19,9 +19,8 @@ from vit_hub.demo import server
 from vit_hub.export.__main__ import build_parser as export_parser
 from vit_hub import cli
 from vit_hub.config import PRESETS, ViTConfig
-from vit_hub.data import TORCHVISION_DATASETS
-from vit_hub.sweep import TRAINING_FIELDS
-from vit_hub.settings import MODEL_FIELDS, TrainSettings
+from vit_hub.console import default_text
+from vit_hub.settings import MODEL_FIELDS, TORCHVISION_DATASETS, TRAINING_FIELDS, TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,17 +92,24 @@ def test_a_stated_default_is_the_real_one():
     for prog, name, text, action, _ in flags_and_helps():
         if not action.option_strings:
             continue
-        if isinstance(action, argparse._StoreTrueAction):
-            expected = "default: off"
-        elif action.default is not None:
-            expected = str(action.default)
+        if action.default is not None:
+            expected = default_text(action.default)
         elif prog in ("vit-hub train", "vit-hub sweep") and fields.get(action.dest) not in (None, dataclasses.MISSING):
-            expected = str(fields[action.dest])
+            expected = default_text(fields[action.dest])
         else:
             continue
-        if expected not in text:
+        if expected not in text or "default: False" in text or "default: True" in text:  # one style: on / off
             wrong.append(f"{prog} {name}: {expected!r} not in {text!r}")
     assert wrong == [], "\n".join(wrong)
+
+
+def test_help_loads_no_torch():
+    """`vit-hub --help` and each command's --help answer at once: building the parser imports no
+    torch (nor anything that does)."""
+    code = ("import sys\nfrom vit_hub.cli import build_parser\nparser = build_parser()\nparser.format_help()\n"
+            "assert 'torch' not in sys.modules, [name for name in sys.modules if name.startswith('vit_hub')]\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_top_level_help_shows_three_examples():

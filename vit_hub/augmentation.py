@@ -20,8 +20,8 @@ from torchvision.transforms import v2
 from .config import ViTConfig
 from .errors import DataError
 from .preprocess import channels_first, dataset_stats, normalize, resize, to_model_domain
+from .settings import AUGMENTATIONS
 
-AUGMENTATIONS = ("auto", "digits", "photos", "none")
 CROP_SCALE = (0.5, 1.0)  # share of the image a random-resized crop keeps
 ELASTIC_ALPHA, ELASTIC_SIGMA = 8.0, 3.0  # digits: displacement field strength and smoothness, in pixels
 NOISE_LEVELS = 20.0  # digits: the largest sensor-noise deviation, in gray levels

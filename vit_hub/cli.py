@@ -11,7 +11,7 @@ from inspect import cleandoc
 from pathlib import Path
 
 from .config import PRESETS, ViTConfig, size_text
-from .console import OneLineErrorParser, run_reporting_errors
+from .console import OneLineErrorParser, default_text, run_reporting_errors
 from .errors import UserError
 from .hub_cli import add_hub_commands, run_pull, run_push
 from .layout import ModelDir
@@ -94,14 +94,15 @@ def add_field_flags(group, cls: type, names: tuple[str, ...], set_first_by: str 
 def _default_note(field: dataclasses.Field, set_first_by: str) -> str:
     """' (default: ...)' for a field's flag: the dataclass default, after `set_first_by`."""
     value = None if field.default in (dataclasses.MISSING, "") else field.default
+    shown = None if value is None else default_text(value)
     if set_first_by:
-        return f" (default: {set_first_by}" + (f", else {value})" if value is not None else ")")
-    return f" (default: {value})" if value is not None else ""
+        return f" (default: {set_first_by}" + (f", else {shown})" if shown is not None else ")")
+    return f" (default: {shown})" if shown is not None else ""
 
 
 def data_help(what: str) -> str:
     """What a --data flag accepts, from the lists the data loader reads."""
-    from .data import TORCHVISION_DATASETS
+    from .settings import TORCHVISION_DATASETS
 
     return (f"{what}: an image folder (FOLDER/CLASS/IMAGE, or FOLDER/train/ beside test/ and/or val/), "
             f"'mnist' (the bundled copy, offline) or a torchvision dataset ({', '.join(TORCHVISION_DATASETS)}) "
@@ -251,8 +252,7 @@ def _add_space(commands) -> None:
 
 def _param_help() -> str:
     """What --param accepts, from the names `vit-hub sweep` varies."""
-    from .sweep import TRAINING_FIELDS
-    from .settings import MODEL_FIELDS
+    from .settings import MODEL_FIELDS, TRAINING_FIELDS
 
     return (f"a setting to vary, one run per value (repeat for more settings), e.g. num_heads=2,4,8; NAME is a "
             f"model field ({', '.join(MODEL_FIELDS)}) or a training setting ({', '.join(TRAINING_FIELDS)})")

@@ -14,6 +14,13 @@ from .errors import UserError
 USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
+def default_text(value: Any) -> str:
+    """A default as --help shows it: "on" or "off" for a switch, the value itself otherwise."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
 class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
     """--help that gives every optional flag's default: argparse's value, "off" for a switch.
     A flag whose default is worked out later (argparse holds None) says it in its own help.
@@ -24,7 +31,7 @@ class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
         if "default" in text or not action.option_strings or action.required \
                 or action.default is None or action.default is argparse.SUPPRESS:
             return text
-        shown = "off" if isinstance(action, argparse._StoreTrueAction) else "%(default)s"
+        shown = default_text(action.default) if isinstance(action.default, bool) else "%(default)s"
         return f"{text} (default: {shown})"
 
 

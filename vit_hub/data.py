@@ -31,18 +31,11 @@ from .config import DIGIT_LABELS, ViTConfig
 from .errors import DataError
 from .folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
 from .preprocess import MIN_STD, resize, to_model_domain
+from .settings import TORCHVISION_DATASETS
 
 BUNDLED_MNIST = Path(__file__).parent / "bundled"
 
 # torchvision datasets we read from --data-root: name -> (class, how it selects a split)
-TORCHVISION_DATASETS = {
-    "fashionmnist": ("FashionMNIST", "train"),
-    "kmnist": ("KMNIST", "train"),
-    "cifar10": ("CIFAR10", "train"),
-    "cifar100": ("CIFAR100", "train"),
-    "svhn": ("SVHN", "split"),
-    "stl10": ("STL10", "split"),
-}
 
 
 @dataclasses.dataclass

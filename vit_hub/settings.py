@@ -13,12 +13,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .augmentation import AUGMENTATIONS
 from .config import PRESETS, ViTConfig, one_of, preset_fields
 from .errors import UserError
 from .layout import ModelDir
 
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+AUGMENTATIONS = ("auto", "digits", "photos", "none")  # what --augment takes (vit_hub.augmentation)
+# What --data takes besides a folder and 'mnist': torchvision datasets already on disk, by name
+# -> (torchvision's class, how it names its splits). vit_hub.data reads them.
+TORCHVISION_DATASETS = {
+    "fashionmnist": ("FashionMNIST", "train"),
+    "kmnist": ("KMNIST", "train"),
+    "cifar10": ("CIFAR10", "train"),
+    "cifar100": ("CIFAR100", "train"),
+    "svhn": ("SVHN", "split"),
+    "stl10": ("STL10", "split"),
+}
+# The training settings `vit-hub sweep --param` may vary, beside MODEL_FIELDS.
+TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 MAX_WORKERS = 64  # DataLoader processes; far more only hangs the machine starting them
 # The ViTConfig fields a run may set (flags, sweeps); the data decides the rest (its labels).
 MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig) if field.name not in ("num_classes", "labels"))

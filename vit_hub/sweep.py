@@ -12,11 +12,11 @@ from matplotlib.figure import Figure
 
 from .errors import UserError
 from .layout import ModelDir
-from .settings import MODEL_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free, check_out_outside_data
+from .settings import (MODEL_FIELDS, TRAINING_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free,
+                       check_out_outside_data)
 from .storage import count_parameters
 from .training_run import train
 
-TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 
 
 def _number(text: str) -> Any:
