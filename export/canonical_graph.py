@@ -18,7 +18,7 @@ import numpy as np
 from vit_hub import canonical as c
 
 from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder
-from .graph_numpy import (EIGHT, FOUR, as_double, block_reduce, by_label, count_pieces, dilate, dims, disk, erode,
+from .graph_numpy import (EIGHT, FOUR, as_double, block_reduce, by_label, ceil_div, count_pieces, dilate, dims, disk, erode,
                           fill_holes, grid, label, masked_mean_std, masked_median, median, percentile, reduce_mean,
                           resample, vector)
 
@@ -32,47 +32,72 @@ def centre_digit(g: GraphBuilder, gray: str, size: tuple[int, int]) -> str:
     whole gray levels (canonical.centre_digit)."""
     signal, work = ink_signal(g, gray)
     paper = Paper.of(g, work)
-    shape = stroke_shape(g, signal, paper, _ink_box(g, signal, work, paper))
+    shape = stroke_shape(g, signal, paper, _ink_box(g, signal.gray, work, paper))
     return _centre_by_mass(g, _fit_to_box(g, with_stroke_width(g, shape), size), size)
 
 
-def ink_signal(g: GraphBuilder, gray: str) -> tuple[str, str]:
-    """(the picture with its ink bright float32 [H, W], its shrunk copy doubles [h, w])."""
+@dataclass(frozen=True)
+class Signal:
+    """canonical.ink_signal's picture, kept as the gray levels [H, W] and whether to invert
+    them (dark ink on paper): only the crop that holds the digit is ever inverted."""
+
+    gray: str
+    inverting: str  # bool scalar
+
+    def crop(self, g: GraphBuilder, top: str, left: str, bottom: str, right: str) -> str:
+        part = g.Slice(self.gray, vector(g, top, left), vector(g, bottom, right), g.const([0, 1]))
+        return g.Where(self.inverting, g.Sub(g.const(255.0), part), part)
+
+
+def ink_signal(g: GraphBuilder, gray: str) -> tuple[Signal, str]:
+    """(the picture with its ink bright, its shrunk copy doubles [h, w]) (canonical.ink_signal)."""
     height, width = dims(g, gray)
     factor = g.Max(g.Div(g.Max(height, width), g.const(c.WORK_SIDE)), g.const(1))
     middle = median(g, g.Reshape(reduce_mean(g, gray, factor), g.const([-1])))
-    inverted = g.Sub(g.const(255.0), gray)
-    shrunk_inverted, shrunk_gray = shrink(g, inverted, c.WORK_SIDE), shrink(g, gray, c.WORK_SIDE)
+    shrunk = _shrunk_both_ways(g, gray, c.WORK_SIDE)  # [2, h, w]: inverted, as it is
+    shrunk_inverted, shrunk_gray = (g.Gather(shrunk, g.const(index), axis=0) for index in (0, 1))
     darkest = g.Sub(f64(g, 255.0), percentile(g, g.Reshape(shrunk_inverted, g.const([-1])), c.EXTREME_PERCENTILE))
     brightest = percentile(g, g.Reshape(shrunk_gray, g.const([-1])), c.EXTREME_PERCENTILE)
     dark_ink, light_ink = g.Sub(middle, darkest), g.Sub(brightest, middle)
     dark_ink = g.guard(dark_ink, g.GreaterOrEqual(g.Max(dark_ink, light_ink), f64(g, c.MIN_CONTRAST)), c.BLANK_IMAGE)
     inverting = g.Greater(dark_ink, light_ink)
-    return g.Where(inverting, inverted, gray), g.Where(inverting, shrunk_inverted, shrunk_gray)
+    return Signal(gray, inverting), g.Where(inverting, shrunk_inverted, shrunk_gray)
+
+
+def _shrunk_both_ways(g: GraphBuilder, gray: str, longest: int) -> str:
+    """shrink() of the inverted and of the plain gray levels at once, doubles [2, h, w]: the
+    brightest of each block of the inverted picture is 255 minus the darkest of the plain one."""
+    height, width = dims(g, gray)
+    larger = g.Max(height, width)
+    block = g.Max(ceil_div(g, larger, g.const(longest)), g.const(1))
+    blocks = g.Concat(*(g.Unsqueeze(block_reduce(g, gray, block, reduction), g.const([0]))
+                        for reduction in ("ReduceMin", "ReduceMax")), axis=0)
+    inverted_first = g.Mul(g.Sub(blocks, g.const(np.array([255.0, 0.0], np.float32).reshape(2, 1, 1))),
+                           g.const(np.array([-1.0, 1.0], np.float32).reshape(2, 1, 1)))
+    return _shrunk_blocks(g, inverted_first, height, width, longest)
 
 
 def shrink(g: GraphBuilder, signal: str, longest: int) -> str:
     """float32 [H, W] -> doubles whose longer side is `longest` (or as it is, if smaller): the
     brightest of each whole block of pixels, then Pillow's bilinear resize to the exact size."""
     height, width = dims(g, signal)
-    larger = g.Max(height, width)
-    shrinking = g.Greater(larger, g.const(longest))
+    block = g.Max(ceil_div(g, g.Max(height, width), g.const(longest)), g.const(1))
+    blocks = g.Unsqueeze(block_reduce(g, signal, block, "ReduceMax"), g.const([0]))
+    return g.Squeeze(_shrunk_blocks(g, blocks, height, width, longest), g.const([0]))
 
-    def shrunk(t: GraphBuilder) -> list[str]:
-        block = g_ceil_div(t, larger, longest)
-        blocks = block_reduce(t, signal, block, "ReduceMax")
+
+def _shrunk_blocks(g: GraphBuilder, blocks: str, height: str, width: str, longest: int) -> str:
+    """Block maxima float32 [n, h', w'] of a picture [height, width] -> doubles resized to
+    the size shrink() gives (the picture as it is when it is no larger than `longest`)."""
+    larger = g.Max(height, width)
+
+    def resized(t: GraphBuilder) -> list[str]:
         scale = t.Div(f64(t, longest), as_double(t, larger))
         new_height, new_width = (t.Max(t.Cast(t.Round(t.Mul(as_double(t, side), scale)), to=INT64), t.const(1))
                                  for side in (height, width))
-        plane = t.Unsqueeze(t.Cast(blocks, to=DOUBLE), t.const([0]))
-        return [t.Squeeze(resample(t, plane, new_height, new_width, "bilinear", eight_bit=True), t.const([0]))]
+        return [resample(t, t.Cast(blocks, to=DOUBLE), new_height, new_width, "bilinear", eight_bit=True)]
 
-    return g.cond(shrinking, [DOUBLE], shrunk, lambda t: [t.Cast(signal, to=DOUBLE)])[0]
-
-
-def g_ceil_div(g: GraphBuilder, size: str, side: int) -> str:
-    """ceil(size / side) of an int64 scalar."""
-    return g.Div(g.Add(size, g.const(side - 1)), g.const(side))
+    return g.cond(g.Greater(larger, g.const(longest)), [DOUBLE], resized, lambda t: [t.Cast(blocks, to=DOUBLE)])[0]
 
 
 @dataclass(frozen=True)
@@ -90,7 +115,7 @@ class Paper:
         chosen = g.LessOrEqual(values, median(g, values))
         for _ in range(2):  # refit once without the pixels far above the first fit
             surface = _least_squares(g, basis, values, chosen)
-            residual = g.Sub(values, g.MatMul(basis, surface))
+            residual = g.Sub(values, _surface_at(g, basis, surface))
             _, spread = masked_mean_std(g, residual, chosen)
             chosen = g.LessOrEqual(residual, g.Add(percentile(g, residual, 50), g.Mul(f64(g, 2.0), spread)))
         noise = g.Mul(f64(g, 1.4826), median(g, g.Abs(g.Sub(residual, median(g, residual)))))
@@ -103,9 +128,15 @@ class Paper:
         """Ink strength doubles [h, w] in [0, 1] of a part of the picture (Paper.ink)."""
         height, width = dims(g, signal)
         y, x = _unit_grid(g, height, width, top_left, extent)
-        contrast = g.Sub(g.Reshape(signal, g.const([-1])), g.MatMul(_quadratic_basis(g, y, x), self.surface))
+        contrast = g.Sub(g.Reshape(signal, g.const([-1])), _surface_at(g, _quadratic_basis(g, y, x), self.surface))
         ink = g.Reshape(g.Clip(g.Div(contrast, self.typical_ink), f64(g, 0.0), f64(g, 1.0)), g.Shape(signal))
         return g.Where(g.Less(ink, f64(g, c.INK_LEVEL)), f64(g, 0.0), ink)
+
+
+def _surface_at(g: GraphBuilder, basis: str, surface: str) -> str:
+    """basis [n, 6] @ surface [6], as six products summed in order (onnxruntime's matrix-vector
+    product in doubles is slow)."""
+    return g.ReduceSum(g.Mul(basis, g.Unsqueeze(surface, g.const([0]))), g.const([1]), keepdims=0)
 
 
 def _least_squares(g: GraphBuilder, basis: str, values: str, chosen: str) -> str:
@@ -184,9 +215,9 @@ def _extent(g: GraphBuilder, mask: str) -> tuple[str, str, str, str]:
     return first[0], last[0], first[1], last[1]
 
 
-def _ink_box(g: GraphBuilder, signal: str, work: str, paper: Paper) -> tuple[str, str, str, str]:
-    """Where the digit is: (top, left, bottom, right) int64 pixels of `signal` (canonical._ink_box)."""
-    height, width = dims(g, signal)
+def _ink_box(g: GraphBuilder, gray: str, work: str, paper: Paper) -> tuple[str, str, str, str]:
+    """Where the digit is: (top, left, bottom, right) int64 pixels of the picture (canonical._ink_box)."""
+    height, width = dims(g, gray)
     work_height, work_width = dims(g, work)
     ink = _without_outliers(g, _without_frame_marks(g, paper.ink(g, work, (0.0, 0.0), (1.0, 1.0))))
     first_row, last_row, first_col, last_col = _extent(g, g.Greater(ink, f64(g, 0.0)))
@@ -210,22 +241,29 @@ def _without_frame_marks(g: GraphBuilder, ink: str) -> str:
     """Ink doubles [h, w] without the marks of the picture's frame (canonical._without_frame_marks)."""
     height, width = dims(g, ink)
     inked = g.Greater(ink, f64(g, 0.0))
-    labels = label(g, inked, EIGHT)
     rows, cols = grid(g, height, width)
     edges = [g.Equal(rows, f64(g, 0.0)), g.Equal(rows, g.Sub(as_double(g, height), f64(g, 1.0))),
              g.Equal(cols, f64(g, 0.0)), g.Equal(cols, g.Sub(as_double(g, width), f64(g, 1.0)))]  # top, bottom, left, right
-    frame = g.And(inked, _frame_pieces(g, labels, rows, cols, edges, height, width))
-    any_of = lambda mask: g.Cast(g.ReduceMax(g.Cast(mask, to=INT64), keepdims=0), to=BOOL)  # noqa: E731
-    sizes = by_label(g, labels, g.Cast(inked, to=DOUBLE))
-    stroke_ink = g.ReduceSum(g.Cast(g.And(inked, g.Not(frame)), to=DOUBLE), keepdims=0)
-    stroke = g.And(g.And(inked, g.Not(frame)), g.GreaterOrEqual(sizes, g.Mul(f64(g, c.SPECK_SHARE), stroke_ink)))
-    touched = g.ReduceSum(g.Concat(*(g.Unsqueeze(g.Cast(any_of(g.And(stroke, edge)), to=INT64), g.const([0]))
-                                     for edge in edges), axis=0),
-                          keepdims=0)
-    keep_all = g.Or(g.Or(g.Not(any_of(g.And(inked, g.Or(g.Or(edges[0], edges[1]), g.Or(edges[2], edges[3]))))),
-                         g.Not(any_of(g.And(inked, g.Not(frame))))),
-                    g.Or(g.Not(any_of(frame)), g.GreaterOrEqual(touched, g.const(2))))
-    return g.Where(g.Or(keep_all, g.Not(frame)), ink, f64(g, 0.0))
+    on_edge = g.And(inked, g.Or(g.Or(edges[0], edges[1]), g.Or(edges[2], edges[3])))
+
+    def without_marks(t: GraphBuilder) -> list[str]:
+        labels = label(t, inked, EIGHT)
+        frame = t.And(inked, _frame_pieces(t, labels, rows, cols, edges, height, width))
+        sizes = by_label(t, labels, t.Cast(inked, to=DOUBLE))
+        stroke_ink = t.ReduceSum(t.Cast(t.And(inked, t.Not(frame)), to=DOUBLE), keepdims=0)
+        stroke = t.And(t.And(inked, t.Not(frame)), t.GreaterOrEqual(sizes, t.Mul(f64(t, c.SPECK_SHARE), stroke_ink)))
+        touched = t.ReduceSum(t.Concat(*(t.Unsqueeze(t.Cast(_any(t, t.And(stroke, edge)), to=INT64), t.const([0]))
+                                         for edge in edges), axis=0), keepdims=0)
+        keep_all = t.Or(t.Or(t.Not(_any(t, t.And(inked, t.Not(frame)))), t.Not(_any(t, frame))),
+                        t.GreaterOrEqual(touched, t.const(2)))
+        return [t.Where(t.Or(keep_all, t.Not(frame)), ink, f64(t, 0.0))]
+
+    # every frame mark touches the picture's edge: without ink there, there is none to find
+    return g.cond(_any(g, on_edge), [DOUBLE], without_marks, lambda t: [t.Identity(ink)])[0]
+
+
+def _any(g: GraphBuilder, mask: str) -> str:
+    return g.Cast(g.ReduceMax(g.Cast(mask, to=INT64), keepdims=0), to=BOOL)
 
 
 def _frame_pieces(g: GraphBuilder, labels: str, rows: str, cols: str, edges: list[str], height: str, width: str) -> str:
@@ -244,11 +282,11 @@ def _frame_pieces(g: GraphBuilder, labels: str, rows: str, cols: str, edges: lis
     return g.Or(g.Or(across, down), g.GreaterOrEqual(corner, f64(g, c.CORNER_SIDE_SHARE)))
 
 
-def stroke_shape(g: GraphBuilder, signal: str, paper: Paper, box: tuple[str, str, str, str]) -> str:
+def stroke_shape(g: GraphBuilder, signal: Signal, paper: Paper, box: tuple[str, str, str, str]) -> str:
     """The digit inside `box` -> its ink as a bool shape cropped tight (canonical.stroke_shape)."""
     top, left, bottom, right = box
-    height, width = dims(g, signal)
-    crop = g.Slice(signal, vector(g, top, left), vector(g, bottom, right), g.const([0, 1]))
+    height, width = dims(g, signal.gray)
+    crop = signal.crop(g, top, left, bottom, right)
     crop_height, crop_width = g.Sub(bottom, top), g.Sub(right, left)
     scale = g.Div(f64(g, c.DETAIL_SIDE), as_double(g, g.Max(crop_height, crop_width)))
 
@@ -296,7 +334,7 @@ def with_stroke_width(g: GraphBuilder, shape: str) -> str:
     def thinner(t: GraphBuilder) -> list[str]:
         pieces = count_pieces(t, label(t, shape, FOUR))
 
-        def peel(u: GraphBuilder, state: list[str]) -> tuple[str, list[str]]:
+        def peel(u: GraphBuilder, state: list[str], _step: str) -> tuple[str, list[str]]:
             peeled = erode(u, state[0])
             same = u.Equal(count_pieces(u, label(u, peeled, FOUR)), pieces)
             return same, [u.Or(u.And(same, peeled), u.And(u.Not(same), state[0]))]  # no bool Where in onnxruntime

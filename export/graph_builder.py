@@ -68,21 +68,24 @@ class GraphBuilder:
                                  [helper.make_tensor_value_info(*value) for value in inputs],
                                  [helper.make_tensor_value_info(value, kind, None) for value, kind in outputs])
 
-    def loop(self, limit: str, state: Sequence[tuple[str, int]],
-             body: Callable[["GraphBuilder", list[str]], tuple[str, list[str]]]) -> list[str]:
+    def loop(self, limit: str, state: Sequence[tuple[str, int]], body: Callable[..., tuple],
+             scans: Sequence[int] = ()) -> list[str]:
         """Run `body` until it returns False or `limit` times: state [(value, element type)] in,
-        body(g, state) -> (go on: a bool, the new state), the final state out."""
+        body(g, state, step) -> (go on: a bool, the new state, [one value per scan]); the final
+        state out, then for each element type in `scans` the values of every turn, stacked."""
         inner = GraphBuilder(self._counter)
         step, go_in = inner.fresh("step"), inner.fresh("go_in")
         names = [inner.fresh("state") for _ in state]
-        go_on, new_state = body(inner, names)
+        go_on, new_state, *scanned = body(inner, names, step)
+        scanned = scanned[0] if scanned else []
         kinds = [kind for _, kind in state]
-        outputs = [inner.Identity(go_on)] + [inner.Identity(value) for value in new_state]  # body outputs are own values
+        outputs = [inner.Identity(value) for value in (go_on, *new_state, *scanned)]  # body outputs are own values
         graph = inner.subgraph(self.fresh("loop_body"), [(step, INT64, []), (go_in, BOOL, []),
                                                          *((name, kind, None) for name, kind in zip(names, kinds))],
-                               list(zip(outputs, [BOOL, *kinds])))
-        results = self.op("Loop", limit, self.const(True), *(value for value, _ in state), outputs=len(state), body=graph)
-        return [results] if len(state) == 1 else list(results)
+                               list(zip(outputs, [BOOL, *kinds, *scans])))
+        count = len(state) + len(scans)
+        results = self.op("Loop", limit, self.const(True), *(value for value, _ in state), outputs=count, body=graph)
+        return [results] if count == 1 else list(results)
 
     def cond(self, condition: str, kinds: Sequence[int], then: Callable[["GraphBuilder"], list[str]],
              otherwise: Callable[["GraphBuilder"], list[str]]) -> list[str]:

@@ -18,7 +18,8 @@ import numpy as np
 from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder
 
 PIL_PRECISION_BITS = 22  # Pillow's fixed-point resampling of 8-bit images: 32 - 8 - 2 bits
-PROPAGATION_STEPS = 4  # neighbour steps per loop turn when labelling pieces
+PROPAGATION_STEPS = 8  # neighbour steps per loop turn when labelling pieces
+ROW_BLOCK = 128  # rows resampled at a time (bounds the memory of a large picture's first pass)
 
 
 # Sizes and indices -----------------------------------------------------------------------
@@ -51,38 +52,65 @@ def grid(g: GraphBuilder, height: str, width: str, kind: int = DOUBLE) -> tuple[
 
 
 # Order statistics --------------------------------------------------------------------------
-def _sorted(g: GraphBuilder, values: str) -> str:
-    """A 1-D tensor sorted ascending."""
-    count = g.Shape(values)
-    return g.TopK(values, count, outputs=2, largest=0, sorted=1)[0]
+SELECT_BINS = 4096  # buckets of the first pass when picking one value by its rank
 
 
-def _at(g: GraphBuilder, values: str, index: str) -> str:
-    return g.Gather(values, g.Cast(index, to=INT64))
+def select(g: GraphBuilder, values: str, rank: str) -> str:
+    """The value at 0-based position `rank` (int64) of a 1-D double tensor sorted ascending,
+    without sorting it all: count the values into SELECT_BINS buckets of their range, find the
+    bucket that holds the rank, and sort only that bucket (unless its values are all equal)."""
+    low, high = g.ReduceMin(values, keepdims=0), g.ReduceMax(values, keepdims=0)
+    span = g.Sub(high, low)
+    scale = g.Div(g.const(float(SELECT_BINS), np.float64), g.Where(g.Greater(span, g.const(0.0, np.float64)), span,
+                                                                     g.const(1.0, np.float64)))
+    bucket_of = g.Clip(g.Cast(g.Floor(g.Mul(g.Sub(values, low), scale)), to=INT64), g.const(0), g.const(SELECT_BINS - 1))
+    counts = g.ScatterElements(g.const(np.zeros(SELECT_BINS, dtype=np.int64)), bucket_of,
+                               g.Add(g.Mul(bucket_of, g.const(0)), g.const(1)), reduction="add")
+    below_or_in = g.CumSum(counts, g.const(0))
+    bucket = g.ArgMax(g.Cast(g.Greater(below_or_in, rank), to=INT64), axis=0, keepdims=0)  # the first such bucket
+    before = g.Sub(g.Gather(below_or_in, bucket), g.Gather(counts, bucket))
+    inside = g.Equal(bucket_of, bucket)
+    smallest = g.ReduceMin(g.Where(inside, values, g.const(np.inf, np.float64)), keepdims=0)
+    largest = g.ReduceMax(g.Where(inside, values, g.const(-np.inf, np.float64)), keepdims=0)
+
+    def sorted_bucket(t: GraphBuilder) -> list[str]:
+        members = t.Compress(values, inside)
+        ordered = t.TopK(members, t.Shape(members), outputs=2, largest=0, sorted=1)[0]
+        return [t.Gather(ordered, t.Sub(rank, before))]
+
+    return g.cond(g.Equal(smallest, largest), [DOUBLE], lambda t: [t.Identity(smallest)], sorted_bucket)[0]
+
+
+def select_next(g: GraphBuilder, values: str, rank: str, value: str) -> str:
+    """The value at position rank + 1, given `value` at `rank`: the same value while more of
+    it remain, else the smallest larger one."""
+    not_above = g.ReduceSum(g.Cast(g.LessOrEqual(values, value), to=INT64), keepdims=0)
+    larger = g.ReduceMin(g.Where(g.Greater(values, value), values, g.const(np.inf, np.float64)), keepdims=0)
+    return g.Where(g.Greater(not_above, g.Add(rank, g.const(1))), value, larger)
 
 
 def median(g: GraphBuilder, values: str) -> str:
     """np.median of a 1-D double tensor: the middle value, or the mean of the middle two."""
-    return masked_median(g, values, g.Not(g.IsNaN(values)))
+    count = g.Size(values)
+    lower_rank = g.Div(g.Sub(count, g.const(1)), g.const(2))
+    lower = select(g, values, lower_rank)
+    upper = g.Where(g.Equal(g.Mod(count, g.const(2)), g.const(1)), lower, select_next(g, values, lower_rank, lower))
+    return g.Div(g.Add(lower, upper), g.const(2.0, np.float64))
 
 
 def masked_median(g: GraphBuilder, values: str, mask: str) -> str:
-    """np.median(values[mask]) of a 1-D double tensor (the others are pushed past the end)."""
-    count = g.ReduceSum(g.Cast(mask, to=INT64), keepdims=0)
-    ordered = _sorted(g, g.Where(mask, values, g.const(np.inf, np.float64)))
-    lower = g.Div(g.Sub(count, g.const(1)), g.const(2))
-    upper = g.Div(count, g.const(2))
-    return g.Div(g.Add(_at(g, ordered, lower), _at(g, ordered, upper)), g.const(2.0, np.float64))
+    """np.median(values[mask]) of a 1-D double tensor."""
+    return median(g, g.Compress(values, mask))
 
 
 def percentile(g: GraphBuilder, values: str, q: float) -> str:
     """np.percentile(values, q) of a 1-D double tensor, NumPy's linear method to the last bit."""
-    ordered = _sorted(g, values)
     last = g.Sub(g.Cast(g.Size(values), to=DOUBLE), g.const(1.0, np.float64))
     virtual = g.Mul(g.const(np.true_divide(q, 100), np.float64), last)
     previous = g.Floor(virtual)
-    following = g.Min(g.Add(previous, g.const(1.0, np.float64)), last)
-    low, high = _at(g, ordered, previous), _at(g, ordered, following)
+    rank = g.Cast(previous, to=INT64)
+    low = select(g, values, rank)
+    high = g.Where(g.Less(previous, last), select_next(g, values, rank, low), low)
     gamma = g.Sub(virtual, previous)
     step = g.Sub(high, low)
     from_low = g.Add(low, g.Mul(step, gamma))
@@ -100,15 +128,18 @@ def masked_mean_std(g: GraphBuilder, values: str, mask: str) -> tuple[str, str]:
 
 
 # Pillow's resampling -----------------------------------------------------------------------
-def _filter(g: GraphBuilder, name: str, t: str) -> tuple[str, float]:
-    """Pillow's filter of `name` at offsets t (doubles) -> (weights, its support)."""
+FILTER_SUPPORT = {"box": 0.5, "bilinear": 1.0, "hamming": 1.0, "bicubic": 2.0, "lanczos": 3.0}  # Pillow's
+
+
+def _filter(g: GraphBuilder, name: str, t: str) -> str:
+    """Pillow's filter of `name` at offsets t (doubles) -> weights."""
     one = g.const(1.0, np.float64)
     size = g.Abs(t)
     if name == "box":
         inside = g.And(g.Greater(t, g.const(-0.5, np.float64)), g.LessOrEqual(t, g.const(0.5, np.float64)))
-        return g.Cast(inside, to=DOUBLE), 0.5
+        return g.Cast(inside, to=DOUBLE)
     if name == "bilinear":
-        return g.Max(g.Sub(one, size), g.const(0.0, np.float64)), 1.0
+        return g.Max(g.Sub(one, size), g.const(0.0, np.float64))
     if name == "bicubic":  # Pillow's a = -0.5
         a = -0.5
         near = g.Add(g.Mul(g.Sub(g.Mul(g.const(a + 2, np.float64), size), g.const(a + 3, np.float64)),
@@ -116,13 +147,13 @@ def _filter(g: GraphBuilder, name: str, t: str) -> tuple[str, float]:
         far = g.Mul(g.Sub(g.Mul(g.Add(g.Mul(g.Sub(size, g.const(5.0, np.float64)), size), g.const(8.0, np.float64)),
                                 size), g.const(4.0, np.float64)), g.const(a, np.float64))
         return g.Where(g.Less(size, one), near,
-                       g.Where(g.Less(size, g.const(2.0, np.float64)), far, g.const(0.0, np.float64))), 2.0
+                       g.Where(g.Less(size, g.const(2.0, np.float64)), far, g.const(0.0, np.float64)))
     if name in ("hamming", "lanczos"):
-        support = 1.0 if name == "hamming" else 3.0
+        support = FILTER_SUPPORT[name]
         window = (g.Add(g.const(0.54, np.float64), g.Mul(g.const(0.46, np.float64), g.Cos(g.Mul(t, g.const(math.pi, np.float64)))))
                   if name == "hamming" else _sinc(g, g.Div(t, g.const(3.0, np.float64))))
         inside = g.Less(size, g.const(support, np.float64))
-        return g.Where(inside, g.Mul(_sinc(g, t), window), g.const(0.0, np.float64)), support
+        return g.Where(inside, g.Mul(_sinc(g, t), window), g.const(0.0, np.float64))
     raise ValueError(f"expected one of Pillow's filters box, bilinear, bicubic, hamming, lanczos, got {name!r}")
 
 
@@ -132,26 +163,28 @@ def _sinc(g: GraphBuilder, t: str) -> str:
     return g.Where(zero, g.const(1.0, np.float64), g.Div(g.Sin(angle), g.Where(zero, g.const(1.0, np.float64), angle)))
 
 
-def resample_weights(g: GraphBuilder, size_in: str, size_out: str, name: str, eight_bit: bool) -> str:
-    """Pillow's coefficients [out, in] for resizing one axis (precompute_coeffs): each output
-    pixel weighs the inputs within the filter's support around its centre, scaled when
-    shrinking, normalised to sum 1; for 8-bit images rounded to PIL_PRECISION_BITS fixed point."""
+def resample_window(g: GraphBuilder, size_in: str, size_out: str, name: str, eight_bit: bool) -> tuple[str, str]:
+    """Pillow's coefficients for resizing one axis (precompute_coeffs): each output pixel
+    weighs the inputs within the filter's support around its centre (scaled when shrinking),
+    normalised to sum 1, for 8-bit images rounded to PIL_PRECISION_BITS fixed point. As
+    (input index int64 [out, K], weight doubles [out, K]), K the widest window."""
     scale = g.Div(as_double(g, size_in), as_double(g, size_out))
     filter_scale = g.Max(scale, g.const(1.0, np.float64))
     centre = g.Unsqueeze(g.Mul(g.Add(positions(g, size_out), g.const(0.5, np.float64)), scale), g.const([1]))  # [out, 1]
-    inputs = g.Unsqueeze(positions(g, size_in), g.const([0]))  # [1, in]
-    weights, support = _filter(g, name, g.Div(g.Add(g.Sub(inputs, centre), g.const(0.5, np.float64)), filter_scale))
-    reach = g.Mul(g.const(support, np.float64), filter_scale)
+    reach = g.Mul(g.const(FILTER_SUPPORT[name], np.float64), filter_scale)
     first = g.Max(_truncate(g, g.Add(g.Sub(centre, reach), g.const(0.5, np.float64))), g.const(0.0, np.float64))
     end = g.Min(_truncate(g, g.Add(g.Add(centre, reach), g.const(0.5, np.float64))), as_double(g, size_in))
-    window = g.Cast(g.And(g.GreaterOrEqual(inputs, first), g.Less(inputs, end)), to=DOUBLE)
-    weights = g.Mul(weights, window)
+    widest = g.Cast(g.ReduceMax(g.Sub(end, first), keepdims=0), to=INT64)
+    inputs = g.Add(first, g.Unsqueeze(positions(g, widest), g.const([0])))  # [out, K]
+    weights = _filter(g, name, g.Div(g.Add(g.Sub(inputs, centre), g.const(0.5, np.float64)), filter_scale))
+    weights = g.Mul(weights, g.Cast(g.Less(inputs, end), to=DOUBLE))
     total = g.ReduceSum(weights, g.const([1]), keepdims=1)
     weights = g.Div(weights, g.Where(g.Equal(total, g.const(0.0, np.float64)), g.const(1.0, np.float64), total))
     if eight_bit:  # Pillow rounds half away from zero
         fixed = g.Mul(weights, g.const(float(1 << PIL_PRECISION_BITS), np.float64))
         weights = g.Mul(g.Sign(fixed), g.Floor(g.Add(g.Abs(fixed), g.const(0.5, np.float64))))
-    return weights
+    index = g.Cast(g.Min(inputs, g.Sub(as_double(g, size_in), g.const(1.0, np.float64))), to=INT64)
+    return index, weights
 
 
 def _truncate(g: GraphBuilder, value: str) -> str:
@@ -159,28 +192,49 @@ def _truncate(g: GraphBuilder, value: str) -> str:
     return g.Mul(g.Sign(value), g.Floor(g.Abs(value)))
 
 
-def _pass(g: GraphBuilder, pixels: str, weights: str, eight_bit: bool, kind: int) -> str:
-    """One resampling pass along the last axis: [..., in] x weights [out, in] -> [..., out]."""
-    total = g.MatMul(pixels, g.Cast(g.Transpose(weights), to=kind))
+def _pass(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool) -> str:
+    """One resampling pass along the last axis: doubles [..., in] -> [..., out]."""
+    index, weights = window
+    total = g.ReduceSum(g.Mul(g.Gather(pixels, index, axis=-1), weights), g.const([-1]), keepdims=0)  # [..., out]
     if not eight_bit:  # Pillow keeps "F" images in float32 between passes
-        return g.Cast(g.Cast(total, to=FLOAT), to=kind)
-    half = g.CastLike(g.const(float(1 << (PIL_PRECISION_BITS - 1))), total)
-    unit = g.CastLike(g.const(float(1 << PIL_PRECISION_BITS)), total)
-    return g.Clip(g.Floor(g.Div(g.Add(total, half), unit)), g.CastLike(g.const(0.0), total),
-                  g.CastLike(g.const(255.0), total))
+        return g.Cast(g.Cast(total, to=FLOAT), to=DOUBLE)
+    half = g.const(float(1 << (PIL_PRECISION_BITS - 1)), np.float64)
+    unit = g.const(float(1 << PIL_PRECISION_BITS), np.float64)
+    return g.Clip(g.Floor(g.Div(g.Add(total, half), unit)), g.const(0.0, np.float64), g.const(255.0, np.float64))
 
 
-def resample(g: GraphBuilder, pixels: str, height: str, width: str, name: str, eight_bit: bool,
-             kind: int = DOUBLE) -> str:
-    """Image.resize((width, height), filter) of pixels [channels, h, w] (of `kind`): Pillow's
-    two passes, the width first; with `eight_bit`, rounded and clipped to 0-255 after each pass
-    as Pillow does for "L" and "RGB" images (else as for "F" images)."""
+def _pass_by_rows(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool) -> str:
+    """_pass over [C, rows, in] a block of ROW_BLOCK rows at a time, so the gathered windows
+    ([C, rows, out, K]) never take more memory than ROW_BLOCK rows of them."""
+    channels, rows, _ = (g.Squeeze(g.Slice(g.Shape(pixels), g.const([axis]), g.const([axis + 1])), g.const([0]))
+                         for axis in range(3))
+    blocks = ceil_div(g, rows, g.const(ROW_BLOCK))
+    padded = g.Pad(pixels, vector(g, g.const(0), g.const(0), g.const(0), g.const(0),
+                                  g.Sub(g.Mul(blocks, g.const(ROW_BLOCK)), rows), g.const(0)), g.const(0.0, np.float64))
+
+    def block(t: GraphBuilder, _state: list[str], step: str) -> tuple:
+        start = t.Mul(step, t.const(ROW_BLOCK))
+        part = t.Slice(padded, t.Unsqueeze(start, t.const([0])), t.Unsqueeze(t.Add(start, t.const(ROW_BLOCK)), t.const([0])),
+                       t.const([1]))
+        return t.const(True), [], [_pass(t, part, window, eight_bit)]
+
+    stacked = g.loop(blocks, [], block, scans=[DOUBLE])[0]  # [blocks, C, ROW_BLOCK, out]
+    out = g.Gather(g.Shape(stacked), g.const(3))
+    joined = g.Reshape(g.Transpose(stacked, perm=[1, 0, 2, 3]), vector(g, channels, g.const(-1), out))
+    return g.Slice(joined, g.const([0]), g.Unsqueeze(rows, g.const([0])), g.const([1]))
+
+
+def resample(g: GraphBuilder, pixels: str, height: str, width: str, name: str, eight_bit: bool) -> str:
+    """Image.resize((width, height), filter) of doubles [channels, h, w]: Pillow's two passes,
+    the width first, each output pixel from the inputs in its filter's window; with
+    `eight_bit`, rounded and clipped to 0-255 after each pass as Pillow does for "L" and "RGB"
+    images (else as for "F" images)."""
     if name == "nearest":
         return _nearest(g, pixels, height, width)
     old_height, old_width = _last_two(g, pixels)
-    across = _pass(g, pixels, resample_weights(g, old_width, width, name, eight_bit), eight_bit, kind)
-    down = _pass(g, g.Transpose(across, perm=[0, 2, 1]), resample_weights(g, old_height, height, name, eight_bit),
-                 eight_bit, kind)
+    across = _pass_by_rows(g, pixels, resample_window(g, old_width, width, name, eight_bit), eight_bit)
+    down = _pass(g, g.Transpose(across, perm=[0, 2, 1]), resample_window(g, old_height, height, name, eight_bit),
+                 eight_bit)
     return g.Transpose(down, perm=[0, 2, 1])
 
 
@@ -209,19 +263,26 @@ def reduce_mean(g: GraphBuilder, plane: str, factor: str) -> str:
     """Image.reduce(factor) of an 8-bit plane float32 [h, w], as doubles: the rounded mean of
     each factor x factor block, the edge blocks over the pixels they have, with Pillow's
     fixed-point division (a multiplier of 2^24 // count)."""
-    ones = g.Add(g.Mul(plane, g.const(0.0)), g.const(1.0))
-    total, count = (as_double(g, block_reduce(g, values, factor, "ReduceSum", pad_value=0.0)) for values in (plane, ones))
+    total = as_double(g, block_reduce(g, plane, factor, "ReduceSum", pad_value=0.0))
+    height, width = dims(g, plane)
+    rows, cols = (g.Min(g.Sub(side, g.Mul(positions(g, ceil_div(g, side, factor), INT64), factor)), factor)
+                  for side in (height, width))  # pixels in each block's rows and columns
+    count = as_double(g, g.Mul(g.Unsqueeze(rows, g.const([1])), g.Unsqueeze(cols, g.const([0]))))
     multiplier = g.Floor(g.Div(g.const(float(1 << 24), np.float64), count))
     amended = g.Add(total, g.Floor(g.Div(count, g.const(2.0, np.float64))))
     return g.Floor(g.Div(g.Mul(amended, multiplier), g.const(float(1 << 24), np.float64)))
+
+
+def ceil_div(g: GraphBuilder, size: str, factor: str) -> str:
+    """ceil(size / factor) of int64 scalars."""
+    return g.Div(g.Sub(g.Add(size, factor), g.const(1)), factor)
 
 
 def block_reduce(g: GraphBuilder, plane: str, factor: str, reduction: str, pad_value: float | None = None) -> str:
     """Each factor x factor block of a plane [h, w] -> one value (`reduction`: "ReduceSum",
     "ReduceMax"); the last blocks padded with `pad_value`, or with their edge pixels."""
     height, width = dims(g, plane)
-    padded_height, padded_width = (g.Mul(g.Div(g.Sub(g.Add(side, factor), g.const(1)), factor), factor)
-                                   for side in (height, width))
+    padded_height, padded_width = (g.Mul(ceil_div(g, side, factor), factor) for side in (height, width))
     pads = vector(g, g.const(0), g.const(0), g.Sub(padded_height, height), g.Sub(padded_width, width))
     if pad_value is None:
         padded = g.Pad(plane, pads, mode="edge")
@@ -260,7 +321,7 @@ def spread_max(g: GraphBuilder, values: str, mask: str, structure: np.ndarray) -
     mask4 = _image4(g, mask)
     height, width = dims(g, values)
 
-    def turn(inner: GraphBuilder, state: list[str]) -> tuple[str, list[str]]:
+    def turn(inner: GraphBuilder, state: list[str], _step: str) -> tuple[str, list[str]]:
         current = state[0]
         spread = current
         for _ in range(PROPAGATION_STEPS):

@@ -39,9 +39,8 @@ from .graph_builder import DOUBLE, FLOAT, UINT8, GraphBuilder
 from .graph_numpy import dims, resample, vector
 from .session import QUIET_RUN, quiet_session_options
 
-# Which decoded channels hold the colour, and which the alpha, for 1 to 4 channels.
+# Which decoded channels hold the colour, for 1 to 4 channels (the alpha is the last of 2 or 4).
 COLOUR_CHANNELS = np.array([[0, 0, 0], [0, 0, 0], [0, 1, 2], [0, 1, 2]])
-ALPHA_CHANNEL = np.array([-1, 1, -1, 3])  # -1: opaque
 PROBABILITY_TOLERANCE = 1e-4  # largest |pipeline.onnx - Python path| accepted per probability
 FP16_PROBABILITY_TOLERANCE = 2e-2  # ... for the float16 copy (its network rounds to 11 bits)
 VERIFY_IMAGES = 4  # eval images turned into uploads (each in four forms) when an export is checked
@@ -55,16 +54,16 @@ def preprocessing_graph(config: ViTConfig) -> onnx.ModelProto:
     """image uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W], as `preprocess`."""
     g = GraphBuilder()
     pixels = _checked(g, PIPELINE_INPUT)
-    colour = _over_white(g, pixels)  # float32 [h, w, 3]
     if config.canonicalize == "digit":
-        plane = g.Unsqueeze(centre_digit(g, _gray(g, colour), tuple(config.image_size)), g.const([0]))
+        plane = g.Unsqueeze(centre_digit(g, _gray(g, pixels), tuple(config.image_size)), g.const([0]))
         planes = plane if config.in_channels == 1 else g.Concat(plane, plane, plane, axis=0)  # [C, h, w]
+    elif config.in_channels == 1:
+        planes = g.Unsqueeze(_gray(g, pixels), g.const([0]))
     else:
-        planes = (g.Unsqueeze(_gray(g, colour), g.const([0])) if config.in_channels == 1
-                  else g.Transpose(colour, perm=[2, 0, 1]))  # [C, h, w]
+        planes = g.Transpose(_colour(g, pixels), perm=[2, 0, 1])
     height, width = config.image_size
     sized = g.Cast(resample(g, g.Cast(planes, to=DOUBLE), g.const(height), g.const(width), config.interpolation,
-                            eight_bit=True), to=FLOAT)  # in doubles: Pillow's fixed-point sums are exact there
+                            eight_bit=True), to=FLOAT)
     output = g.Unsqueeze(_normalized(g, sized, config), g.const([0]))
     return g.model([helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"])],
                    [helper.make_tensor_value_info(output, FLOAT, [1, config.in_channels, height, width])],
@@ -73,41 +72,53 @@ def preprocessing_graph(config: ViTConfig) -> onnx.ModelProto:
 
 def _checked(g: GraphBuilder, image: str) -> str:
     """The input as float32 [h, w, channels], once its channels and size pass the checks."""
-    height, width = dims(g, _plane_of(g, image))
-    channels = g.Squeeze(g.Slice(g.Shape(image), g.const([2]), g.const([3])), g.const([0]))
-    ok_channels = g.And(g.GreaterOrEqual(channels, g.const(1)), g.LessOrEqual(channels, g.const(4)))
-    pixels = g.Cast(image, to=FLOAT)
-    pixels = g.guard(pixels, ok_channels, WRONG_CHANNELS)
-    pixels = g.guard(pixels, g.And(g.GreaterOrEqual(height, g.const(2)), g.GreaterOrEqual(width, g.const(2))), TOO_SMALL)
-    return g.guard(pixels, g.LessOrEqual(g.Mul(height, width), g.const(UPLOAD_MAX_PIXELS)), TOO_LARGE)
+    shape = g.Shape(image)
+    height, width, channels = (g.Squeeze(g.Slice(shape, g.const([axis]), g.const([axis + 1])), g.const([0]))
+                               for axis in range(3))
+    shape = g.guard(shape, g.And(g.GreaterOrEqual(channels, g.const(1)), g.LessOrEqual(channels, g.const(4))),
+                    WRONG_CHANNELS)
+    shape = g.guard(shape, g.And(g.GreaterOrEqual(height, g.const(2)), g.GreaterOrEqual(width, g.const(2))), TOO_SMALL)
+    shape = g.guard(shape, g.LessOrEqual(g.Mul(height, width), g.const(UPLOAD_MAX_PIXELS)), TOO_LARGE)
+    return g.Reshape(g.Cast(image, to=FLOAT), shape)  # the checks run first: the reshape waits for them
 
 
-def _plane_of(g: GraphBuilder, image: str) -> str:
-    """A [h, w] view of the shape of [h, w, c] (for its height and width)."""
-    return g.Squeeze(g.Slice(image, g.const([0]), g.const([1]), g.const([2])), g.const([2]))
+def _channels(g: GraphBuilder, pixels: str) -> tuple[str, str]:
+    """(how many channels, whether one of them is alpha) of [h, w, channels]."""
+    count = g.Squeeze(g.Slice(g.Shape(pixels), g.const([2]), g.const([3])), g.const([0]))
+    return count, g.Equal(g.Mod(count, g.const(2)), g.const(0))  # 2 (gray + alpha) or 4 (RGBA)
 
 
-def _over_white(g: GraphBuilder, pixels: str) -> str:
+def _colour(g: GraphBuilder, pixels: str) -> str:
     """float32 [h, w, channels] -> RGB float32 [h, w, 3] with any alpha composited over white,
     by Pillow's fixed-point formula (Image.alpha_composite), exact in float32."""
-    channel_count = g.Squeeze(g.Slice(g.Shape(pixels), g.const([2]), g.const([3])), g.const([0]))
-    row = g.Clip(g.Sub(channel_count, g.const(1)), g.const(0), g.const(3))
-    colour = g.Gather(pixels, g.Gather(g.const(COLOUR_CHANNELS), row), axis=2)  # [h, w, 3]
-    alpha_index = g.Gather(g.const(ALPHA_CHANNEL), row)
-    opaque = g.Less(alpha_index, g.const(0))
-    alpha = g.Gather(pixels, g.Unsqueeze(g.Max(alpha_index, g.const(0)), g.const([0])), axis=2)  # [h, w, 1]
-    alpha = g.Where(opaque, g.const(255.0), alpha)
-    scaled = g.Add(g.Mul(g.const(128.0), g.Add(g.Mul(colour, alpha), g.Mul(g.const(255.0), g.Sub(g.const(255.0), alpha)))),
-                   g.const(16384.0))
-    return g.Floor(g.Div(g.Floor(g.Div(g.Add(g.Floor(g.Div(scaled, g.const(256.0))), scaled), g.const(256.0))),
-                         g.const(128.0)))
+    count, with_alpha = _channels(g, pixels)
+    row = g.Sub(count, g.const(1))
+    colour = g.cond(g.Equal(count, g.const(3)), [FLOAT], lambda t: [t.Identity(pixels)],  # RGB: no copy to make
+                    lambda t: [t.Gather(pixels, t.Gather(t.const(COLOUR_CHANNELS), row), axis=2)])[0]  # [h, w, 3]
+
+    def over_white(t: GraphBuilder) -> list[str]:
+        alpha = t.Gather(pixels, t.Unsqueeze(row, t.const([0])), axis=2)  # [h, w, 1]: the last channel
+        scaled = t.Add(t.Mul(t.const(128.0), t.Add(t.Mul(colour, alpha), t.Mul(t.const(255.0), t.Sub(t.const(255.0), alpha)))),
+                       t.const(16384.0))
+        return [t.Floor(t.Div(t.Floor(t.Div(t.Add(t.Floor(t.Div(scaled, t.const(256.0))), scaled), t.const(256.0))),
+                              t.const(128.0)))]
+
+    return g.cond(with_alpha, [FLOAT], over_white, lambda t: [t.Identity(colour)])[0]
 
 
-def _gray(g: GraphBuilder, colour: str) -> str:
-    """RGB float32 [h, w, 3] -> gray levels [h, w] as Pillow's convert("L") rounds them."""
-    weights = g.const(np.array([19595.0, 38470.0, 7471.0], dtype=np.float32))
-    total = g.ReduceSum(g.Mul(colour, weights), g.const([2]), keepdims=0)
-    return g.Floor(g.Div(g.Add(total, g.const(32768.0)), g.const(65536.0)))
+def _gray(g: GraphBuilder, pixels: str) -> str:
+    """float32 [h, w, channels] -> gray levels [h, w] as Pillow's convert("L") rounds them,
+    after any alpha is composited over white (a gray image is its own gray levels)."""
+    count, _ = _channels(g, pixels)
+    colour = _colour(g, pixels)
+
+    def from_rgb(t: GraphBuilder) -> list[str]:
+        weights = t.const(np.array([[19595.0], [38470.0], [7471.0]], dtype=np.float32))
+        total = t.Squeeze(t.MatMul(colour, weights), t.const([2]))  # whole numbers below 2^24: exact in float32
+        return [t.Floor(t.Div(t.Add(total, t.const(32768.0)), t.const(65536.0)))]
+
+    first = lambda t: [t.Squeeze(t.Slice(colour, t.const([0]), t.const([1]), t.const([2])), t.const([2]))]  # noqa: E731
+    return g.cond(g.GreaterOrEqual(count, g.const(3)), [FLOAT], from_rgb, first)[0]
 
 
 def _normalized(g: GraphBuilder, planes: str, config: ViTConfig) -> str:
