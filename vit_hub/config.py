@@ -10,6 +10,7 @@ Every field is JSON-native (ints, floats, strings, lists): `config.json` is just
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -312,6 +313,10 @@ class ViTConfig:
             self.labels = list(self.labels)
             if len(self.labels) > MAX_CLASSES:
                 raise ConfigError(f"labels: expected at most {MAX_CLASSES:,}, found {len(self.labels):,}")
+            repeated = sorted(label for label, count in collections.Counter(self.labels).items() if count > 1)
+            if repeated:  # a prediction "x 0.91, x 0.01" would name no class
+                raise ConfigError(f"labels: expected a different name for each class, found {_shown(repeated)} "
+                                  f"more than once")
             if self.num_classes is not None and self.num_classes != len(self.labels):
                 raise ConfigError(
                     f"num_classes {self.num_classes} does not match the {len(self.labels)} labels given"

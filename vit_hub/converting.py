@@ -13,6 +13,7 @@ weight that would be silently dropped would give a model that runs and is wrong.
 
 from __future__ import annotations
 
+import collections
 import re
 from pathlib import Path
 from typing import Any
@@ -131,10 +132,20 @@ def _mlp_ratio(hidden: int, width: int) -> float:
     return ratio if int(width * ratio) == hidden else (hidden + 0.5) / width
 
 
-def _pair(value: Any) -> list[int]:
-    if isinstance(value, dict):  # transformers' image processors: {"height": ..., "width": ...}
-        return [int(value["height"]), int(value["width"])]
-    return [int(value)] * 2 if isinstance(value, (int, float)) else [int(side) for side in value]
+def _pair(value: Any, name: str, reference: str) -> list[int]:
+    """An image size as config.json gives it (a side, [height, width] or transformers'
+    {"height": ..., "width": ...}) -> [height, width]; a one-line ImportRefused for anything else."""
+    if isinstance(value, dict):
+        value = [value.get("height"), value.get("width")]
+    sides = [value] * 2 if not isinstance(value, (list, tuple)) else list(value)
+    if len(sides) != 2 or not all(_is_side(side) for side in sides):
+        raise ImportRefused(f"{reference}: expected {name} as a side or [height, width] in pixels, found "
+                            f"{str(value)[:60]!r}")
+    return [int(side) for side in sides]
+
+
+def _is_side(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == int(value) and value >= 1
 
 
 def _checked_config(values: dict[str, Any], reference: str) -> ViTConfig:
@@ -199,10 +210,13 @@ def _timm_config(config: dict[str, Any], weights: Weights,
     architecture, pretrained, args = config["architecture"], config["pretrained_cfg"], config.get("model_args") or {}
     width, channels, *patch = weights["patch_embed.proj.weight"].shape  # [D, C, p_h, p_w]
     heads = args.get("num_heads") or TIMM_HEADS_BY_WIDTH.get(width)
+    if heads is not None and not _is_side(heads):
+        raise ImportRefused(f"{reference}: expected model_args.num_heads as a whole number, found {str(heads)[:40]!r}")
     if heads is None:
         raise ImportRefused(f"{reference}: cannot tell how many attention heads timm's {architecture} of width "
                             f"{width} has (not one of timm's ViT widths, and config.json's model_args does not say)")
-    image_size = _pair(args.get("img_size") or pretrained["input_size"][1:])
+    image_size = _pair(args["img_size"], "model_args.img_size", reference) if args.get("img_size") else \
+        _timm_input_size(pretrained.get("input_size"), reference)
     grid = (image_size[0] // patch[0], image_size[1] // patch[1])
     cls_position, positions = _split_positions(weights["pos_embed"], grid, reference)
     num_classes = weights["head.weight"].shape[0] if "head.weight" in weights else 0
@@ -218,19 +232,34 @@ def _timm_config(config: dict[str, Any], weights: Weights,
     return _checked_config(values, reference), cls_position, positions
 
 
+def _timm_input_size(input_size: Any, reference: str) -> list[int]:
+    """pretrained_cfg's input_size [channels, height, width] -> [height, width]."""
+    if not isinstance(input_size, list) or len(input_size) != 3:
+        raise ImportRefused(f"{reference}: expected pretrained_cfg.input_size as [channels, height, width], found "
+                            f"{str(input_size)[:60]!r}")
+    return _pair(input_size[1:], "pretrained_cfg.input_size", reference)
+
+
 def timm_labels(config: dict[str, Any], num_classes: int) -> list[str]:
     """config.json's label_names; else ImageNet-1k's class names for a 1000-class head trained on
     it (timm's tag says in1k); else the class indices."""
     names = config.get("label_names") or config["pretrained_cfg"].get("label_names")
     if isinstance(names, dict):
         names = [names.get(str(index), str(index)) for index in range(num_classes)]
-    if names and len(names) == num_classes:
+    if isinstance(names, list) and len(names) == num_classes:
         descriptions = config.get("label_descriptions") or {}
-        return [str(descriptions.get(name, name)) for name in names]
+        return distinct([str(descriptions.get(name, name)) for name in names])
     tag = str(config["pretrained_cfg"].get("tag", ""))
     if num_classes == 1000 and re.search(r"(^|_)in1k$", tag):
         return imagenet_labels()
     return [str(index) for index in range(num_classes)]
+
+
+def distinct(labels: list[str]) -> list[str]:
+    """Class names a vit_hub config takes, each different: a name several classes share (the
+    id2label of transformers' ImageNet ViTs has two "crane"s) gets its class index after it."""
+    counts = collections.Counter(labels)
+    return [f"{label} ({index})" if counts[label] > 1 else label for index, label in enumerate(labels)]
 
 
 def imagenet_labels() -> list[str]:
@@ -299,7 +328,7 @@ def _transformers_config(config: dict[str, Any], weights: Weights, preprocessor:
                          reference: str) -> tuple[ViTConfig, torch.Tensor | None, torch.Tensor]:
     """(the ViTConfig of a transformers ViT, its class token's position or None, its patches' positions)."""
     width, channels, *patch = weights["embeddings.patch_embeddings.projection.weight"].shape  # [D, C, p_h, p_w]
-    image_size = _pair(config.get("image_size", 224))
+    image_size = _pair(config.get("image_size", 224), "image_size", reference)
     grid = (image_size[0] // patch[0], image_size[1] // patch[1])
     cls_position, positions = _split_positions(weights["embeddings.position_embeddings"], grid, reference)
     num_classes = weights["classifier.weight"].shape[0] if "classifier.weight" in weights else 0
@@ -312,7 +341,7 @@ def _transformers_config(config: dict[str, Any], weights: Weights, preprocessor:
         qkv_bias="encoder.layer.0.attention.attention.query.bias" in weights,
         layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)), class_token_position=cls_position is not None,
         pre_logits=weights["pooler.dense.weight"].shape[0] if "pooler.dense.weight" in weights else 0,
-        labels=[str(id2label.get(str(index), id2label.get(index, index))) for index in range(num_classes)],
+        labels=distinct([str(id2label.get(str(index), id2label.get(index, index))) for index in range(num_classes)]),
         mean=mean, std=std, interpolation=interpolation,
     )
     return _checked_config(values, reference), cls_position, positions  # checked: bounds the depth walked

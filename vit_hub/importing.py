@@ -134,16 +134,33 @@ def identify(config: dict[str, Any], reference: str) -> str:
         if "pretrained_cfg" not in config:
             raise ImportRefused(f"{reference}: timm's config.json has no pretrained_cfg (input size, mean/std); "
                                 f"save it with timm's save_for_hf or push_to_hf_hub")
+        _check_objects(config, reference, pretrained_cfg=False, model_args=True)
         return "timm"
     if "model_type" in config:
         if config["model_type"] != "vit":
-            architectures = ", ".join(config.get("architectures") or []) or "no architectures listed"
+            architectures = _listed(config.get("architectures")) or "no architectures listed"
             raise ImportRefused(f"{reference} is a transformers {config['model_type']!r} model ({architectures}), "
                                 f"not a ViT: vit-hub import reads model_type 'vit'")
+        _check_objects(config, reference, id2label=True)
         return "transformers"
     keys = ", ".join(sorted(config)[:8]) or "none"
     raise ImportRefused(f"{reference} is not a model vit-hub import reads: its config.json has neither timm's "
                         f"'architecture' nor transformers' 'model_type' (keys: {keys})")
+
+
+def _listed(names: Any) -> str:
+    """config.json's list of names as text ('' for none), whatever it holds instead."""
+    return ", ".join(map(str, names)) if isinstance(names, list) else str(names or "")[:60]
+
+
+def _check_objects(config: dict[str, Any], reference: str, **may_be_missing: bool) -> None:
+    """Each named entry of config.json is a JSON object (null or absent where it may be missing),
+    or a one-line ImportRefused naming what it is instead."""
+    for name, optional in may_be_missing.items():
+        value = config.get(name)
+        if not isinstance(value, dict) and not (optional and value is None):
+            raise ImportRefused(f"{reference}: expected {name} in config.json as an object, found "
+                                f"{type(value).__name__} {str(value)[:40]!r}")
 
 
 # Reading the weights ---------------------------------------------------------------------------
@@ -180,11 +197,11 @@ def convert(files: SourceFiles) -> Imported:
         pretrained = files.config["pretrained_cfg"]
         architecture = files.config["architecture"] + (f".{pretrained['tag']}" if pretrained.get("tag") else "")
         notes = []
-        if pretrained.get("crop_pct", 1.0) < 1.0:
+        if isinstance(pretrained.get("crop_pct"), (int, float)) and pretrained["crop_pct"] < 1.0:
             notes.append(f"timm evaluates at crop_pct {pretrained['crop_pct']} (resize, then a centre crop); vit_hub "
                          f"resizes the whole image to {size_text(config.image_size)}")
     else:
-        architecture = ", ".join(files.config.get("architectures") or ["ViTModel"])
+        architecture = _listed(files.config.get("architectures")) or "ViTModel"
         notes = [] if processor_path.is_file() else ["no preprocessor_config.json: ViTImageProcessor's defaults "
                                                      "assumed (bilinear, mean and std 0.5)"]
     source = {"kind": "imported", "source": files.reference, "revision": files.revision, "hub": files.hub,

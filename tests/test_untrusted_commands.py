@@ -1,0 +1,112 @@
+"""Commands given what a careless user or an attacker gives them: a timm config.json of the
+wrong shape to `vit-hub import` and class names that repeat. Each is refused in one line, and
+nothing is written."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import timm
+from conftest import assert_one_line
+
+from vit_hub.cli import main
+from vit_hub.config import ConfigError, ViTConfig
+from vit_hub.converting import distinct
+
+
+def run_vit_hub(*argv) -> tuple[int, str]:
+    """`vit-hub ARGV` in this process: (exit code, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main([str(arg) for arg in argv])
+    return code, err.getvalue()
+
+
+# vit-hub import ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def timm_source(tmp_path_factory) -> Path:
+    """A tiny timm ViT as timm saves it for the Hub (config.json + model.safetensors)."""
+    folder = tmp_path_factory.mktemp("timm_source")
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=2)
+    timm.models.save_for_hf(model, folder, safe_serialization=True)
+    return folder
+
+
+def edited(source: Path, folder: Path, edit) -> Path:
+    """A copy of the timm source whose config.json went through `edit(config)`."""
+    folder.mkdir()
+    (folder / "model.safetensors").symlink_to(source / "model.safetensors")
+    config = json.loads((source / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def set_in(path: str, value):
+    """An edit that sets config[a][b]... for the path 'a.b...' (made where missing)."""
+    def edit(config: dict) -> None:
+        *parents, last = path.split(".")
+        for key in parents:
+            config = config.setdefault(key, {})
+        config[last] = value
+    return edit
+
+
+def drop_img_size(edit):
+    """`edit`, with model_args' img_size removed, so that pretrained_cfg.input_size is read."""
+    def both(config: dict) -> None:
+        (config.get("model_args") or {}).pop("img_size", None)
+        edit(config)
+    return both
+
+
+MALFORMED_TIMM = {  # config.json edit -> what the one line says
+    "input_size of length 5": (drop_img_size(set_in("pretrained_cfg.input_size", [3, 32, 32, 1, 1])),
+                               "expected pretrained_cfg.input_size as [channels, height, width], found"),
+    "input_size of strings": (drop_img_size(set_in("pretrained_cfg.input_size", [3, "a", "b"])),
+                              "expected pretrained_cfg.input_size as a side or [height, width]"),
+    "model_args a string": (set_in("model_args", "evil"), "expected model_args in config.json as an object, found str"),
+    "pretrained_cfg a list": (set_in("pretrained_cfg", [1, 2]),
+                              "expected pretrained_cfg in config.json as an object, found list"),
+    "num_heads a string": (set_in("model_args.num_heads", "evil"),
+                           "expected model_args.num_heads as a whole number, found 'evil'"),
+    "img_size a dict": (set_in("model_args.img_size", {"h": 1}), "expected model_args.img_size as a side or"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED_TIMM)
+def test_a_timm_config_of_the_wrong_shape_is_refused_in_one_line(timm_source, tmp_path, case):
+    edit, fragment = MALFORMED_TIMM[case]
+    source = edited(timm_source, tmp_path / "source", edit)
+    code, stderr = run_vit_hub("import", source, "--out", tmp_path / "out")
+    assert code == 2, stderr
+    assert fragment in assert_one_line(stderr.removeprefix("error: "))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit", [set_in("label_names", 7), set_in("pretrained_cfg.crop_pct", "wide")],
+                         ids=["label_names a number", "crop_pct a string"])
+def test_timm_entries_the_import_only_reads_for_text_are_ignored_when_malformed(timm_source, tmp_path, edit):
+    source = edited(timm_source, tmp_path / "source", edit)
+    code, stderr = run_vit_hub("import", source, "--out", tmp_path / "out")
+    assert code == 0, stderr
+    assert ViTConfig.from_json(tmp_path / "out" / "config.json").labels == ["0", "1"]
+
+
+# Class names ------------------------------------------------------------------------------------
+def test_labels_that_repeat_are_refused_in_one_line():
+    with pytest.raises(ConfigError) as refused:
+        ViTConfig(labels=["x"] * 10)
+    assert_one_line(str(refused.value), "labels: expected a different name for each class, found ['x']")
+    with pytest.raises(ConfigError, match=r"found \['cat', 'dog'\] more than once"):
+        ViTConfig(labels=["dog", "cat", "dog", "bird", "cat"])
+
+
+def test_imported_names_that_repeat_get_their_class_index():
+    """transformers' ImageNet ViTs name two classes "crane": both stay, told apart."""
+    assert distinct(["crane", "heron", "crane"]) == ["crane (0)", "heron", "crane (2)"]
+    assert distinct(["a", "b"]) == ["a", "b"]
