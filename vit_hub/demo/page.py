@@ -156,7 +156,8 @@ def _classify_tab(handlers: Handlers) -> None:
     submit.click(user_errors(handlers.explain), [image, *controls], outputs, api_name="explain",
                  preprocess=False, **queued)
     # API only: these buttons are never shown, their events are the named endpoints.
-    gr.Button(visible=False).click(user_errors(handlers.predict), [image, *controls], [label, gr.JSON(visible=False)],
+    explanation_map = gr.JSON(visible=False, label="Explanation map")  # named in the API (else value_N)
+    gr.Button(visible=False).click(user_errors(handlers.predict), [image, *controls], [label, explanation_map],
                                    api_name="predict", preprocess=False, **queued)
     gr.Button(visible=False).click(user_errors(handlers.predict_labels), [image, controls[2]], label,
                                    api_name="predict_labels", preprocess=False, **queued)
@@ -210,7 +211,7 @@ def _controls(handlers: Handlers) -> list:
     discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
                               info="share of the weakest attention weights dropped per layer")
     classes = predictor.config.num_classes
-    k = gr.Slider(1, classes, value=min(3, classes), step=1, label="Top-k")
+    k = whole_number_slider(1, classes, value=min(3, classes), step=1, label="Top-k")
     return [head_fusion, discard_ratio, k, method]
 
 
@@ -230,6 +231,16 @@ def _outputs(config: ViTConfig) -> list:
                        f"top), a column per head", format="jpeg", buttons=buttons, height=420,
                  elem_id="head-maps", **pictures),
     ]
+
+
+def whole_number_slider(*args: Any, **kwargs: Any) -> gr.Slider:
+    """A gr.Slider of whole numbers whose type in the API is integer (a slider's is a float).
+    The instance's api_info is replaced: a subclass would make Gradio write a .pyi file beside
+    this module."""
+    slider = gr.Slider(*args, **kwargs)
+    info = {**slider.api_info(), "type": "integer"}
+    slider.api_info = lambda: info
+    return slider
 
 
 def model_views(predictor: Predictor) -> ModelViews:
