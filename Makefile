@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: app test test-fast install install-dev browser
+.PHONY: app test test-fast install install-dev browser screenshots
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,11 @@ $(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+# The Node example's pinned packages (tests/test_node_example.py runs it), without the CUDA
+# libraries onnxruntime-node would otherwise download.
+$(VENV)/.installed-dev: requirements-dev.txt examples/node/package-lock.json $(VENV)/.installed
 	$(BIN)/pip install -q -r requirements-dev.txt
+	cd examples/node && ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 install: $(VENV)/.installed
@@ -30,6 +33,10 @@ browser:
 
 app: install
 	$(BIN)/python app.py
+
+# The README's pictures of the app (docs/app_screenshot.png, docs/app_inside.png), taken from the live app.
+screenshots: install-dev browser
+	OMP_NUM_THREADS=1 $(BIN)/python docs/screenshots.py
 
 # One intra-op thread per process: on a 2-core machine running servers and subprocesses
 # beside pytest, OpenMP threads waiting on each other cost more than they give.

@@ -1,9 +1,8 @@
 """The app in a real headless browser: Debian's chromium driven by PyPI playwright.
 
 Never `playwright install` (it downloads a browser); CI installs Debian's `chromium`.
-Saves screenshots in the test's tmp folder; with UPDATE_SCREENSHOT=1 it refreshes
-docs/app_screenshot.png and docs/app_inside.png, the ones the README shows (so a CI run
-leaves the tree clean).
+The pages are captured as docs/screenshots.py captures the README's pictures (`make
+screenshots`), into the test's tmp folder, so a CI run leaves the tree clean.
 """
 
 from __future__ import annotations
@@ -17,18 +16,9 @@ from conftest import digit_on_paper, free_port
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
+from docs.screenshots import CHROMIUM, MODEL_DIR, SAMPLE, classify_and_capture, inside_and_capture, open_page
 from vit_hub.demo.backends import TorchPredictor
 from vit_hub.demo.page import build_demo, serve
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-]
-MODEL_DIR = ROOT / "models" / "vit-mnist"
-SAMPLE = ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
-README_SCREENSHOT = ROOT / "docs" / "app_screenshot.png"
-INSIDE_SCREENSHOT = ROOT / "docs" / "app_inside.png"
 
 pytestmark = pytest.mark.browser  # make test installs chromium; make test-fast leaves these out
 
@@ -48,44 +38,39 @@ def page(url):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        browser, page = open_page(playwright, url)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.goto(url, wait_until="domcontentloaded")
             yield page
         finally:
             browser.close()
 
 
 def test_upload_classify_and_screenshot(page, tmp_path):
-    from playwright.sync_api import expect
-
     photo = tmp_path / "photo_of_a_7.jpg"  # what a person uploads: a phone photo of paper
     digit_on_paper(SAMPLE).save(photo, quality=80)
-    page.locator("#upload input[type=file]").set_input_files(str(photo))
-    expect(page.locator("#upload img")).to_be_visible(timeout=30_000)
-    page.get_by_role("button", name="Classify", exact=True).click()
-    expect(page.get_by_test_id("label-output-value")).to_have_text("7", timeout=60_000)
-    expect(page.locator("#rollout img")).to_be_visible(timeout=30_000)
-    expect(page.locator("#layer-strip img")).to_be_visible(timeout=30_000)
-    expect(page.locator("#model-input img")).to_be_visible(timeout=30_000)
-    expect(page.locator("#head-maps img")).to_be_visible(timeout=30_000)
-    screenshot = README_SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") == "1" else tmp_path / "app.png"
-    page.screenshot(path=str(screenshot), full_page=True)
+    screenshot = tmp_path / "app.png"
+    assert classify_and_capture(page, photo, screenshot) == "7"
     assert screenshot.stat().st_size > 10_000
+
+
+def test_the_head_grid_is_not_covered_by_its_label(page, tmp_path):
+    """The per-head grid's first row (layer 1) shows below the label that floats over the
+    picture, not under it."""
+    classify_and_capture(page, SAMPLE, tmp_path / "app.png")
+    label = page.locator("#head-maps label").first.bounding_box()
+    picture_top = page.locator("#head-maps img").evaluate(  # where the picture's content starts
+        "image => image.getBoundingClientRect().top + parseFloat(getComputedStyle(image).paddingTop)")
+    assert picture_top >= label["y"] + label["height"], (label, picture_top)
 
 
 def test_inside_the_model_tab_shows_the_three_views(page, tmp_path):
     """Computed at start-up from the weights and the bundled samples, each view with its reading."""
     from playwright.sync_api import expect
 
-    page.get_by_role("tab", name="Inside the model").click()
-    for view in ("patch-filters", "position-similarity", "attention-distance"):
-        expect(page.locator(f"#inside-{view} img")).to_be_visible(timeout=30_000)
+    screenshot = tmp_path / "inside.png"
+    inside_and_capture(page, screenshot)
     expect(page.get_by_text("principal components explain")).to_be_visible()
     expect(page.get_by_text("Layer 1's heads attend")).to_be_visible()
-    screenshot = INSIDE_SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") == "1" else tmp_path / "inside.png"
-    page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 10_000
 
 

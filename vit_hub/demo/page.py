@@ -47,8 +47,11 @@ CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
 QUEUE_SIZE = 64
 MAX_LABELS_NAMED = 5  # the header names a model's first classes, then says how many more
-# Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck.
-CSS = "#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }"
+# Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck; the
+# answer's pictures start below the label that floats over their top edge (it hid the head
+# grid's first row).
+CSS = ("#upload img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }\n"
+       "#layer-strip img, #model-input img, #head-maps img { padding-top: 2.2em; box-sizing: border-box; }")
 INSIDE_TITLES = {
     "patch_filters": "Patch-embedding filters: principal components of the patch projection",
     "position_similarity": "Position-embedding similarity: each patch position against every other",
