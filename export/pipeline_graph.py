@@ -124,11 +124,12 @@ def _gray(g: GraphBuilder, pixels: str) -> str:
 def _normalized(g: GraphBuilder, planes: str, config: ViTConfig) -> str:
     """preprocess.normalize of [C, H, W] gray levels."""
     images = g.Div(planes, g.const(255.0))
-    if config.pixel_norm == "image":
-        mean = g.ReduceMean(images, g.const([1, 2]), keepdims=1)
-        centred = g.Sub(images, mean)
-        std = g.Max(g.Sqrt(g.ReduceMean(g.Mul(centred, centred), g.const([1, 2]), keepdims=1)), g.const(MIN_STD))
-        return g.Div(centred, std)
+    if config.pixel_norm == "image":  # each image's own mean and spread, summed in doubles (NumPy sums pairwise)
+        wide = g.Cast(images, to=DOUBLE)
+        mean = g.ReduceMean(wide, g.const([1, 2]), keepdims=1)
+        spread = g.ReduceMean(g.Mul(g.Sub(wide, mean), g.Sub(wide, mean)), g.const([1, 2]), keepdims=1)
+        mean, std = g.Cast(mean, to=FLOAT), g.Max(g.Cast(g.Sqrt(spread), to=FLOAT), g.const(MIN_STD))
+        return g.Div(g.Sub(images, mean), std)
     mean = g.const(np.asarray(config.mean, dtype=np.float32).reshape(-1, 1, 1))
     std = g.const(np.asarray(config.std, dtype=np.float32).reshape(-1, 1, 1))
     return g.Div(g.Sub(images, mean), std)

@@ -1,0 +1,102 @@
+"""examples/node/classify.mjs: a Node.js app (onnxruntime-node and sharp, no Python) running a model
+dir's pipeline.onnx gives the Python app's labels, on the sample digits, on generated uploads
+people make, and for an RGB photo model. `make install-dev` installs its pinned packages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import digit_on_paper, train_tiny
+from PIL import Image, ImageDraw
+
+from vit_hub.export import OnnxClassifier, export_onnx
+from vit_hub.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "node"
+MODEL_DIR = ROOT / "models" / "vit-mnist"
+SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))
+
+
+def classify_in_node(model_dir: Path, images: list[Path]) -> list[dict]:
+    """One JSON row per image from the Node example."""
+    assert (EXAMPLE / "node_modules" / "onnxruntime-node").is_dir(), "run `make install-dev` (npm ci in examples/node)"
+    done = subprocess.run(["node", "classify.mjs", str(model_dir), *map(str, images)], cwd=EXAMPLE,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [row["file"] for row in rows] == list(map(str, images))
+    return rows
+
+
+def python_app_answers(model_dir: Path, images: list[Path]) -> list[list[tuple[str, float]]]:
+    """What the app answers for each upload: read as it reads one, then the ONNX backend's ranking."""
+    classifier = OnnxClassifier(model_dir, providers="cpu")
+    return [classifier.predict(load_image(open_image(path, path.name, UPLOAD_MAX_PIXELS)), top_k=2) for path in images]
+
+
+def uploads_people_make(folder: Path) -> list[Path]:
+    """Of sample digits: a phone photo on paper (JPEG), a pen stroke on a screenshot-sized
+    transparent canvas, a scan in gray with alpha; and a bold marker 7."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for sample in SAMPLES[:5]:
+        photo = folder / f"{sample.stem}_photo.jpg"
+        digit_on_paper(sample).save(photo, quality=90)
+        ink = Image.open(sample).convert("L").resize((280, 280), Image.Resampling.BICUBIC).point(lambda v: 255 * (v > 90))
+        canvas = Image.new("RGBA", (1280, 720), (255, 255, 255, 0))
+        canvas.paste(Image.new("RGBA", (280, 280), (25, 25, 110, 255)), (610, 300), ink)
+        screenshot = folder / f"{sample.stem}_canvas.png"
+        canvas.save(screenshot)
+        gray_alpha = Image.open(sample).convert("L").resize((112, 112)).convert("LA")
+        gray_alpha.putalpha(200)
+        scan = folder / f"{sample.stem}_gray_alpha.png"
+        gray_alpha.save(scan)
+        paths += [photo, screenshot, scan]
+    marker = Image.new("RGB", (300, 300), "white")
+    ImageDraw.Draw(marker).line([(90, 60), (210, 60), (130, 250)], fill="black", width=28)  # a bold 7
+    paths.append(folder / "marker_7.png")
+    marker.save(paths[-1])
+    return paths
+
+
+def test_node_gives_the_python_apps_labels_on_samples_and_uploads(tmp_path):
+    images = [*SAMPLES, *uploads_people_make(tmp_path / "uploads")]
+    rows = classify_in_node(MODEL_DIR, images)
+    expected = python_app_answers(MODEL_DIR, images)
+    assert [row.get("label") for row in rows] == [ranking[0][0] for ranking in expected]
+    for row, ranking in zip(rows, expected):
+        assert abs(row["top"][0][1] - ranking[0][1]) < 1e-3  # the same probabilities, decoders aside
+    assert [row["label"] for row in rows[:len(SAMPLES)]] == [path.stem.rsplit("_", 1)[1] for path in SAMPLES]
+
+
+def test_node_reports_a_refused_or_unreadable_image_and_goes_on(tmp_path):
+    blank, broken = tmp_path / "blank.png", tmp_path / "broken.png"
+    Image.new("L", (300, 200), 230).save(blank)
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    rows = classify_in_node(MODEL_DIR, [blank, broken, SAMPLES[0]])
+    assert "found a blank image (no ink)" in rows[0]["error"]
+    assert rows[1]["error"] and "label" not in rows[1]
+    assert rows[2]["label"] == "7"
+
+
+@pytest.mark.slow
+def test_node_gives_an_rgb_photo_models_labels(split_image_folder, tmp_path):
+    """A model trained on the generated RGB photo folder, exported: Node's labels on its test
+    photos, enlarged as a camera would give them, equal the Python app's where the app's top
+    two are not tied."""
+    model_dir = train_tiny(split_image_folder, tmp_path / "model")
+    export_onnx(model_dir, model_dir, calib_data=str(split_image_folder))
+    photos = []
+    for index, path in enumerate(sorted((split_image_folder / "test").rglob("*.png"))[:12]):
+        enlarged = tmp_path / f"photo_{index}.jpg"
+        Image.open(path).convert("RGB").resize((640, 480), Image.Resampling.BICUBIC).save(enlarged, quality=92)
+        photos.append(enlarged)
+    rows = classify_in_node(model_dir, photos)
+    expected = python_app_answers(model_dir, photos)
+    decided = [(row["label"], ranking[0][0]) for row, ranking in zip(rows, expected) if ranking[0][1] - ranking[1][1] > 1e-3]
+    assert len(decided) >= 8 and all(node == python for node, python in decided)
