@@ -199,7 +199,7 @@ def render_model_card(model_dir: Path, repo_id: str | None = None, onnx: bool | 
         f"# {_text(name)}", "", _origin(config, source, files.folder), "",
         "## Architecture", "", _architecture_table(config, count_parameters(files.weights)), "",
         *_training_section(metrics, source),
-        "## Metrics", "", _metrics_section(metrics), "",
+        "## Metrics", "", _metrics_section(metrics), *_calibration_line(config), "",
         *_training_figures(files),
         *_inside_section(files),
         *_usage_section(config, repo_id or str(files.folder), repo_id, onnx),
@@ -215,6 +215,15 @@ def _training_section(metrics: dict[str, Any], source: dict[str, Any] | None) ->
                 *[f"- {_text(note)}" for note in source["notes"]], ""]
     command = metrics.get("settings", {}).get("command") or "(not recorded)"
     return ["## Training", "", *_code("bash", command), ""]
+
+
+def _calibration_line(config: ViTConfig) -> list[str]:
+    """How the probabilities are calibrated, when a temperature was fitted."""
+    if config.temperature == 1.0:
+        return []
+    return [f"- probabilities: softmax(logits / {config.temperature:g}), the temperature fitted on the validation "
+            f"split when training ended (training's label smoothing leaves raw probabilities less sure than the "
+            f"model is right); rankings and accuracy are unchanged"]
 
 
 def _training_figures(files: ModelDir) -> list[str]:
@@ -281,9 +290,13 @@ def _onnx_usage(reference: str, repo_id: str | None, onnx: bool) -> list[str]:
                  f'onnx_path = hf_hub_download("{repo_id}", "{graph}")' if onnx else f'onnx_path = "{graph}"']
     else:
         paths = [f'onnx_path, config_path = "{onnx_path}", "{local.config}"']
+    pipeline = local.export.pipeline.name
     return lines + [*_code("python", *paths, "from vit_hub.export import OnnxClassifier",
                            "classifier = OnnxClassifier(onnx_path, config_path)",
-                           'print(classifier.predict("image.png", top_k=3))'), ""]
+                           'print(classifier.predict("image.png", top_k=3))'), "",
+                    f"From any language: `{pipeline}` takes an image's decoded pixels (uint8 [height, width, "
+                    f"channels]) and returns the probabilities in `{config}`'s label order, with the whole "
+                    "preprocessing described below inside the graph (vit_hub's docs/export.md, \"From another language\").", ""]
 
 
 def render_card_text(model_dir: Path, repo_id: str | None = None, onnx: bool | None = None) -> str:
