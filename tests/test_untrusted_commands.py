@@ -1,21 +1,23 @@
 """Commands given what a careless user or an attacker gives them: a timm config.json of the
-wrong shape to `vit-hub import` and class names that repeat. Each is refused in one line, and
-nothing is written."""
+wrong shape to `vit-hub import`, class names that repeat, and two `vit-hub train` runs into one
+--out at once. Each is refused in one line, and nothing is written."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
 import timm
-from conftest import assert_one_line
+from conftest import TINY_TRAIN_FLAGS, assert_one_line
 
 from vit_hub.cli import main
 from vit_hub.config import ConfigError, ViTConfig
 from vit_hub.converting import distinct
+from vit_hub.settings import OUT_LOCK, holding_out
 
 
 def run_vit_hub(*argv) -> tuple[int, str]:
@@ -110,3 +112,21 @@ def test_imported_names_that_repeat_get_their_class_index():
     """transformers' ImageNet ViTs name two classes "crane": both stay, told apart."""
     assert distinct(["crane", "heron", "crane"]) == ["crane (0)", "heron", "crane (2)"]
     assert distinct(["a", "b"]) == ["a", "b"]
+
+
+# Two runs into one --out ---------------------------------------------------------------------------
+def test_a_second_run_into_an_out_being_written_is_refused_naming_the_first(image_folder, tmp_path):
+    """The first run holds --out (holding_out, as `vit-hub train` takes it); the second, started
+    while it runs, says in one line which process holds it and writes nothing."""
+    out = tmp_path / "out"
+    with holding_out(out):
+        code, stderr = run_vit_hub("train", "--data", image_folder, "--out", out, "--epochs", "1", *TINY_TRAIN_FLAGS)
+        assert code == 2
+        assert_one_line(stderr.removeprefix("error: "), f"--out {out}: expected a folder no other run is writing, "
+                                                        f"found it held by process {os.getpid()}")
+        assert sorted(path.name for path in out.iterdir()) == [OUT_LOCK]
+    assert not out.exists()  # made for the lock, left empty: removed
+
+    code, stderr = run_vit_hub("train", "--data", image_folder, "--out", out, "--epochs", "1", *TINY_TRAIN_FLAGS)
+    assert code == 0, stderr
+    assert (out / "model.safetensors").is_file() and not (out / OUT_LOCK).exists()

@@ -4,13 +4,16 @@ an `--out`) which cannot work before any data is read, and the flag each setting
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import math
 import os
 import re
 import shlex
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from .config import PRESETS, ViTConfig, one_of, preset_fields
@@ -36,6 +39,7 @@ MAX_WORKERS = 64  # DataLoader processes; far more only hangs the machine starti
 MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig) if field.name not in ("num_classes", "labels"))
 # Settings that say how a run is carried out, not what it computes: --resume may change them.
 HOW_TO_RUN = ("num_workers", "device", "compile", "strict")
+OUT_LOCK = ".vit-hub-train.lock"  # in --out while a run writes it (holding_out)
 
 
 class TrainingError(UserError):
@@ -159,6 +163,53 @@ def check_out_is_free(out: Path) -> None:
             f"--out {out}: expected a new or empty folder, found a trained model or run there "
             f"({', '.join(found)}); pass --resume to continue that run or --overwrite to replace it"
         )
+
+
+@contextlib.contextmanager
+def holding_out(out: Path) -> Iterator[None]:
+    """Run the block as the only run writing `out`: an exclusive lock on OUT_LOCK inside it,
+    taken before any check of what `out` holds (two runs started into one new folder would
+    both find it empty); a second run is refused in one line naming the process that holds it.
+    Under torchrun only the main process (rank 0) takes it. A folder made here and left empty
+    is removed again."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / OUT_LOCK
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _lock_exclusively(descriptor, lock, out)
+        try:
+            os.ftruncate(descriptor, 0)
+            os.write(descriptor, f"process {os.getpid()} ({command_line()[:200]})".encode())
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # before it is unlocked: a run that opened it meanwhile finds it gone
+    finally:
+        os.close(descriptor)
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+
+
+def _lock_exclusively(descriptor: int, lock: Path, out: Path) -> None:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "another process"
+        raise TrainingError(f"--out {out}: expected a folder no other run is writing, found it held by "
+                            f"{holder}; wait for that run or choose another --out") from None
+    if not _is_file_of(descriptor, lock):  # the last holder removed it as this run opened it: take it anew
+        raise TrainingError(f"--out {out}: expected a folder no other run is writing, found one that was "
+                            f"just released; start the run again")
+
+
+def _is_file_of(descriptor: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(descriptor), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -20,7 +20,7 @@ from .fine_tune import PretrainedStart
 from .importing import load_init
 from .inspecting import views_after_training
 from .samples import write_samples
-from .settings import TrainSettings, check_out_is_a_folder, check_out_is_free, check_settings
+from .settings import TrainSettings, check_out_is_a_folder, check_out_is_free, check_settings, holding_out
 from .train import Trainer, build_trainer
 
 
@@ -36,17 +36,18 @@ def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int 
     names, `model` holding ViTConfig fields): those in HOW_TO_RUN apply to the rest of the
     run; any other that differs from the run's own refuses the resume, naming each."""
     check_out_is_a_folder(Path(settings.out))
-    if not resume and not overwrite:
-        check_out_is_free(Path(settings.out))
-    start = None if resume else pretrained_start(settings)
-    trainer = build_trainer(settings, resume=resume, resume_flags=resume_flags, start=start)
-    try:
-        metrics = trainer.run(stop_after_epochs)
-        if trainer.best_model is not None and trainer.runtime.is_main:
-            write_views_and_card(trainer)
-        return metrics
-    finally:
-        stop_runtime(trainer.runtime)
+    with holding_out(Path(settings.out)):  # before --out is checked: a second run into it is refused
+        if not resume and not overwrite:
+            check_out_is_free(Path(settings.out))
+        start = None if resume else pretrained_start(settings)
+        trainer = build_trainer(settings, resume=resume, resume_flags=resume_flags, start=start)
+        try:
+            metrics = trainer.run(stop_after_epochs)
+            if trainer.best_model is not None and trainer.runtime.is_main:
+                write_views_and_card(trainer)
+            return metrics
+        finally:
+            stop_runtime(trainer.runtime)
 
 
 def pretrained_start(settings: TrainSettings) -> PretrainedStart | None:
