@@ -223,7 +223,7 @@ class OnnxClassifier:
         ranked = []
         for start in range(0, len(images), batch_size):
             logits = self.run(self.preprocess(images[start:start + batch_size]))
-            ranked += rank_top_k(softmax(logits), self.config.labels, top_k)
+            ranked += rank_top_k(softmax(logits, self.config.temperature), self.config.labels, top_k)
         return ranked[0] if single else ranked
 
     def __repr__(self) -> str:

@@ -32,6 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "run_report", "train",  # the training loop
         "summary", "predict",  # a torch model's layers and predictions
         "attribution", "gradients", "explain", "insight", "insight_figures",  # what a model looks at
+        "calibration",  # the temperature of its probabilities
     ),
     "hub": (
         "", "hub", "card", "pretrained", "weight_checks", "hub_cli", "space",  # model dirs, files and the Hub

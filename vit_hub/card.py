@@ -222,7 +222,7 @@ def _calibration_line(config: ViTConfig) -> list[str]:
     if config.temperature == 1.0:
         return []
     return [f"- probabilities: softmax(logits / {config.temperature:g}), the temperature fitted on the validation "
-            f"split when training ended (training's label smoothing leaves raw probabilities less sure than the "
+            f"split (`vit_hub.calibration`: training's label smoothing leaves raw probabilities less sure than the "
             f"model is right); rankings and accuracy are unchanged"]
 
 

@@ -243,6 +243,8 @@ class ViTConfig:
             pooler); 0: none.
         interpolation: the resampling filter that resizes images to image_size (PIL's names;
             timm's ViTs were trained with bicubic).
+        temperature: probabilities are softmax(logits / temperature); fitted on the validation
+            split when training ends (vit_hub.calibration), 1.0 where nothing was fitted.
     """
 
     image_size: int | list[int] = within(224, 1, MAX_IMAGE_SIDE, what="sides")
@@ -270,6 +272,7 @@ class ViTConfig:
     class_token_position: bool = False
     pre_logits: int = within(0, 0, MAX_WIDTH)
     interpolation: str = one_of("bilinear", INTERPOLATIONS)
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         check_fields(self)  # every field's type, choices and range, as declared above
@@ -295,6 +298,9 @@ class ViTConfig:
         self.std = _floats(0.5 if self.std is None else self.std, "std", self.in_channels)
         if min(self.std) <= 0:
             raise ConfigError(f"std: expected positive values, got {self.std}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"temperature: expected a positive number, got {self.temperature}")
+        self.temperature = float(self.temperature)
         self.mlp_ratio = float(self.mlp_ratio)
         hidden = self.embed_dim * self.mlp_ratio
         if not (math.isfinite(hidden) and 1 <= int(hidden) <= MAX_HIDDEN):

@@ -8,9 +8,11 @@ import numpy as np
 from .errors import UserError
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """[B, classes] logits -> probabilities, computed stably in float32 or wider."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """[B, classes] logits -> probabilities, softmax(logits / temperature), computed stably in
+    float32 or wider. A model's fitted temperature is `config.temperature` (vit_hub.calibration)."""
+    scaled = logits / temperature
+    shifted = scaled - scaled.max(axis=-1, keepdims=True)
     exponentials = np.exp(shifted)
     return exponentials / exponentials.sum(axis=-1, keepdims=True)
 

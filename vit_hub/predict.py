@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .model import VisionTransformer
+from .postprocess import softmax
 from .postprocess import top_k as rank_top_k
 from .preprocess import ImageInput, preprocess_batch
 
@@ -19,6 +20,7 @@ def predict_images(model: VisionTransformer, images: list[ImageInput], top_k: in
     results = []
     for start in range(0, len(images), batch_size):
         pixels = torch.from_numpy(preprocess_batch(images[start:start + batch_size], model.config))
-        probabilities = model(pixels.to(device)).logits.softmax(dim=-1).cpu().numpy()
+        logits = model(pixels.to(device)).logits.float().cpu().numpy()
+        probabilities = softmax(logits, model.config.temperature)
         results += rank_top_k(probabilities, model.config.labels, top_k)
     return results

@@ -35,8 +35,10 @@ TORCHVISION_DATASETS = {
 # The training settings `vit-hub sweep --param` may vary, beside MODEL_FIELDS.
 TRAINING_FIELDS = ("lr", "batch_size", "weight_decay", "label_smoothing", "warmup_epochs", "epochs")
 MAX_WORKERS = 64  # DataLoader processes; far more only hangs the machine starting them
-# The ViTConfig fields a run may set (flags, sweeps); the data decides the rest (its labels).
-MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig) if field.name not in ("num_classes", "labels"))
+# The ViTConfig fields a run may set (flags, sweeps); the data decides the rest (its labels), and
+# the run itself its probabilities' temperature (vit_hub.calibration).
+MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig)
+                     if field.name not in ("num_classes", "labels", "temperature"))
 # Settings that say how a run is carried out, not what it computes: --resume may change them.
 HOW_TO_RUN = ("num_workers", "device", "compile", "strict")
 OUT_LOCK = ".vit-hub-train.lock"  # in --out while a run writes it (holding_out)

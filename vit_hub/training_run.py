@@ -11,15 +11,19 @@ both and joins them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from .calibration import fit_temperature, validation_logits
 from .card import write_model_card
+from .config import read_json
 from .distributed import stop_runtime
 from .fine_tune import PretrainedStart
 from .importing import load_init
 from .inspecting import views_after_training
 from .samples import write_samples
+from .storage import write_text_atomically
 from .settings import TrainSettings, check_out_is_a_folder, check_out_is_free, check_settings, holding_out
 from .train import Trainer, build_trainer
 
@@ -59,11 +63,28 @@ def pretrained_start(settings: TrainSettings) -> PretrainedStart | None:
     return load_init(settings.init)
 
 
+def calibrate(trainer: Trainer) -> float:
+    """The temperature of the best model's probabilities, fitted on this process's validation
+    images (1.0 without any), written into its config.json and set on its config."""
+    temperature = 1.0
+    if "val" in trainer.loaders.eval_sets:
+        logits, labels = validation_logits(trainer.best_model, trainer.loaders.eval_loader("val"),
+                                           trainer.runtime.device)
+        temperature = fit_temperature(logits, labels)
+    path = trainer.out.config
+    values = {**read_json(path), "temperature": temperature}
+    write_text_atomically(path, json.dumps(values, indent=2, sort_keys=True))  # as save_pretrained writes it
+    trainer.best_model.config.temperature = temperature
+    print(f"probabilities: temperature {temperature:g}, fitted on the validation split (vit_hub.calibration)")
+    return temperature
+
+
 def write_views_and_card(trainer: Trainer) -> None:
     """What a finished run leaves besides the loop's files: the views of what its best model
     learned (measured on the validation split), a few validation images as the app's examples
     (vit_hub.samples) and the model card that shows them all."""
     validation = trainer.loaders.eval_sets.get("val")
+    calibrate(trainer)
     views_after_training(trainer.best_model, trainer.out.folder, validation)
     if validation is not None:  # the images as they were read, before preprocessing
         write_samples(validation.dataset, trainer.config.labels, trainer.out.folder)

@@ -74,13 +74,13 @@ class TorchPredictor:
 
         with torch.inference_mode():
             logits, attentions = self.model(torch.from_numpy(pixels), output_attentions=True)
-        return softmax(logits.numpy()), torch.stack(attentions).numpy()
+        return softmax(logits.numpy(), self.config.temperature), torch.stack(attentions).numpy()
 
     def explain(self, pixels: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         from ..explain import explain
 
         logits, attentions, maps = explain(self.model, pixels, method)
-        return softmax(logits), attentions, maps
+        return softmax(logits, self.config.temperature), attentions, maps
 
     def weights(self) -> dict[str, np.ndarray]:
         from ..insight import torch_weights
@@ -113,7 +113,7 @@ class OnnxPredictor:
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         logits, attentions = self.classifier.run(pixels, output_attentions=True)
-        return softmax(logits), attentions
+        return softmax(logits, self.config.temperature), attentions
 
     def explain(self, pixels: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The maps that need no gradients, from one run of the graph (occlusion runs it again)."""
@@ -124,7 +124,7 @@ class OnnxPredictor:
                             f"{', '.join(METHODS[name].label for name in self.methods)}")
         logits, attentions = self.classifier.run(pixels, output_attentions=True)
         maps = chosen.compute(Forward(pixels, logits, attentions, self.classifier.run), logits.argmax(-1), self.config)
-        return softmax(logits), attentions, maps
+        return softmax(logits, self.config.temperature), attentions, maps
 
     def weights(self) -> dict[str, np.ndarray] | None:
         """model.safetensors read as arrays (no torch) when the model dir has it; else None."""
