@@ -3,7 +3,7 @@
     python app.py                                   # bundled MNIST model, torch backend
     python app.py --model user/repo --backend onnx --port 8000
 
-The page takes an uploaded image (or, for grayscale models, a drawing), shows the top-k
+The page takes an uploaded image (or, for a digit model, a drawing), shows the top-k
 classes, a map of how much each patch supports the predicted class and the attention rollout
 layer by layer. API callers get named endpoints: /predict (labels and the map as numbers),
 /predict_labels (labels alone), /explain (labels and the page's pictures).
