@@ -6,13 +6,15 @@ session is created (constant folding) or at the first run. The project knows whi
 it writes (`python -m vit_hub.export`), so `check_graph` accepts those and refuses anything else
 with one OnnxModelError naming what it found, before any session exists:
 
-  * size: at most MAX_GRAPH_BYTES, initializers no larger than the file that holds them;
+  * size: at most what the config's weights take as float32 (`max_graph_bytes`, read from the
+    file's size before a byte of it is read), initializers no larger than the file that holds them;
   * form: one self-contained graph (no external data, sparse initializers, functions or
     other operator domains) made of KNOWN_OPS, the operators the exporters, the float16
     converter and int8 quantization emit;
   * inputs and outputs: `pixel_values` [batch, C, H, W] of the config's channels and size,
     `logits` [batch, classes] and optionally `attentions` [depth, batch, heads, T, T];
-  * memory: every value's shape, worked out node by node at batch 1 and 2 (onnx's shape
+  * memory: every value's shape, worked out node by node at batch 1, 2 and the largest batch
+    the app and CLI run (CHECKED_BATCHES; onnx's shape
     inference, fed the values of the small integer tensors that carry shapes, which onnx's
     reference evaluator computes), within VALUE_SLACK times the largest activation the
     config implies, and all values together within TOTAL_SLACK of it per block.
@@ -31,11 +33,16 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from vit_hub.attribution import OCCLUSION_CHUNK
 from vit_hub.config import ViTConfig
 from vit_hub.errors import UserError
 from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
 # A protobuf file cannot exceed 2 GB; the exporter writes nothing larger either.
 MAX_GRAPH_BYTES = 2**31 - 1
+# A graph holds its model's weights once, as float32 at most (4 bytes), with room for twice as
+# many, plus what its nodes, names and small constants take.
+GRAPH_BYTES_PER_WEIGHT = 8
+GRAPH_BYTES_MARGIN = 16 * 2**20
 # Every operator in the graphs `python -m vit_hub.export` writes: the torchscript and dynamo exporters
 # (opsets 17-23, every patch embedding, pooling and attention variant), their float16 copies
 # and int8 quantization. A new exporter version that emits another one fails its export's
@@ -47,7 +54,9 @@ KNOWN_OPS = frozenset({
     "Shape", "Slice", "Softmax", "Split", "Squeeze", "Tanh", "Transpose", "Unsqueeze", "Where",
 })
 ONNX_DOMAINS = ("", "ai.onnx")
-CHECKED_BATCHES = (1, 2)  # a value that grows faster than the batch shows at 2
+# A value that grows faster than the batch shows at 2, and plainly at the largest batch the app
+# and CLI run (a ConstantOfShape of batch cubed passes at 2 within the slack, not at 256).
+CHECKED_BATCHES = (1, 2, OCCLUSION_CHUNK)
 SHAPE_TENSOR_LIMIT = 4096  # integer tensors up to this many values are computed (shapes, axes, pads)
 INTEGER_TYPES = (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL)
 # Exported graphs measured against largest_activation (tests/test_untrusted_graphs.py): no value
@@ -67,7 +76,7 @@ class OnnxModelError(UserError):
 def check_graph(path: Path, config: ViTConfig) -> None:
     """Raise OnnxModelError unless `path` is a graph `python -m vit_hub.export` could have written for
     `config` (see the module docstring). Reads the file once; creates no session."""
-    model = _load(path)
+    model = _load(path, max_graph_bytes(config))
     _check_form(model, path)
     _check_inputs_and_outputs(model, path, config)
     for batch in CHECKED_BATCHES:
@@ -100,16 +109,32 @@ def largest_activation(config: ViTConfig) -> int:
     return max(candidates)
 
 
+def max_graph_bytes(config: ViTConfig) -> int:
+    """The largest file a graph of `config` may be (GRAPH_BYTES_PER_WEIGHT, GRAPH_BYTES_MARGIN)."""
+    return min(MAX_GRAPH_BYTES, GRAPH_BYTES_PER_WEIGHT * most_weights(config) + GRAPH_BYTES_MARGIN)
+
+
+def most_weights(config: ViTConfig) -> int:
+    """An upper bound on the weights a model of `config` holds, whatever its patch embedding."""
+    dim, hidden = config.embed_dim, int(config.embed_dim * config.mlp_ratio)
+    block = 4 * dim * dim + 2 * dim * hidden + 10 * dim + hidden + config.num_heads  # attention, MLP, norms
+    patches = max(SHIFTED_COPIES * config.in_channels * math.prod(config.patch_size) * (dim + 2),  # one convolution
+                  9 * config.in_channels * max(8, dim) + 8 * dim * dim)  # the conv stem's
+    width = config.pre_logits or dim
+    return (config.depth * block + patches + (config.num_tokens + 4) * dim + dim * config.pre_logits
+            + (width + 1) * config.num_classes)
+
+
 def _refuse(path: Path, message: str) -> OnnxModelError:
     return OnnxModelError(f"{path}: {message}")
 
 
-def _load(path: Path) -> onnx.ModelProto:
+def _load(path: Path, max_bytes: int) -> onnx.ModelProto:
     """The file's ModelProto, read after its size was checked; never its external data."""
     size = path.stat().st_size
-    if size > MAX_GRAPH_BYTES:
-        raise _refuse(path, f"expected an ONNX graph of at most {MAX_GRAPH_BYTES / 2**30:.0f} GB, "
-                            f"found {size / 2**30:.1f} GB")
+    if size > max_bytes:
+        raise _refuse(path, f"expected an ONNX graph of at most {max_bytes / 2**20:,.1f} MB for this config's "
+                            f"weights, found {size / 2**20:,.1f} MB")
     try:
         model = onnx.load_model_from_string(path.read_bytes())
     except DecodeError as error:

@@ -128,6 +128,19 @@ HOSTILE = {
         [], (("", 18), ("com.microsoft", 1)), "com.microsoft.Gelu"),
     "weights in external data": (
         [helper.make_node("Identity", ["secret"], ["attentions"])], [external("secret")], None, "external data"),
+    # 500 x batch^3 values: 500 and 4,000 at batch 1 and 2, within the slack there (4,624 at batch
+    # 2 for the tiny config); 8.4 billion (33 GB) at occlusion's batch of 256.
+    "a ConstantOfShape that grows with the batch cubed": (
+        [helper.make_node("Shape", ["pixel_values"], ["batch"], end=1),
+         helper.make_node("Mul", ["batch", "batch"], ["squared"]), helper.make_node("Mul", ["squared", "batch"], ["cubed"]),
+         constant("per_cube", [500]), helper.make_node("Mul", ["cubed", "per_cube"], ["bomb_size"]),
+         helper.make_node("ConstantOfShape", ["bomb_size"], ["bomb"]),
+         helper.make_node("ReduceMean", ["bomb"], ["bomb_mean"], keepdims=0),
+         constant("depth", [2]), constant("sides", [2, 17, 17]),
+         helper.make_node("Concat", ["depth", "batch", "sides"], ["to"], axis=0),
+         constant("one", [1.0], np.float32), helper.make_node("Expand", ["one", "to"], ["ones"]),
+         helper.make_node("Add", ["ones", "bomb_mean"], ["attentions"])],
+        [], None, "at batch 256"),
     "an initializer larger than its file": (
         [helper.make_node("Identity", ["big"], ["attentions"])], [bare_tensor("big", [10**9])], None, "declared"),
 }
@@ -167,6 +180,20 @@ def test_hostile_attentions_graphs_are_refused_before_they_allocate(model_dir, t
     lines = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
     assert result.returncode == 0 and "refused:" in lines, result.stdout + result.stderr
     assert_one_line(lines["refused:"], str(graph), fragment)
+    assert int(lines["peak_mb"]) < PEAK_RSS_LIMIT_MB
+
+
+def test_a_sparse_2_gb_graph_is_refused_by_its_size_before_it_is_read(model_dir, tmp_path):
+    """A 2 GB model_attentions.onnx that takes no disk (sparse) was read whole before it was
+    refused: a 2,270 MB peak. A graph of the tiny config holds well under 17 MB."""
+    folder = copy_of(model_dir, tmp_path)
+    graph = folder / "model_attentions.onnx"
+    with open(graph, "wb") as handle:
+        handle.truncate(2**31 - 2)
+    result = run_limited([sys.executable, "-c", LOAD_IN_A_CHILD, str(folder)])
+    lines = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
+    assert result.returncode == 0 and "refused:" in lines, result.stdout + result.stderr
+    assert_one_line(lines["refused:"], str(graph), "expected an ONNX graph of at most", "found 2,048.0 MB")
     assert int(lines["peak_mb"]) < PEAK_RSS_LIMIT_MB
 
 

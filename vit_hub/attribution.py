@@ -76,9 +76,14 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+# Images per forward pass of occlusion: the largest batch the app and the CLI run a model at
+# (export/graph_check.py checks every graph at it).
+OCCLUSION_CHUNK = 256
+
+
 def occlusion(logits_of: Callable[[np.ndarray], Any], pixels: np.ndarray, class_index: Any,
               grid_size: tuple[int, int], patch_size: tuple[int, int], blank: np.ndarray,
-              chunk: int = 256) -> np.ndarray:
+              chunk: int = OCCLUSION_CHUNK) -> np.ndarray:
     """Occlusion: how far the class's log-probability falls when one patch is blanked.
 
     logits_of: float32 [n, C, H, W] -> logits [n, classes] (the torch model or an ONNX graph).
