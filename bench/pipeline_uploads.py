@@ -2,6 +2,7 @@
 
     python bench/pipeline_uploads.py --model models/vit-mnist --dev ../shared/realdigits-dev [--json OUT]
     python bench/pipeline_uploads.py --model RUN --photos FOLDER      # an RGB model on a photo folder
+    python bench/pipeline_uploads.py --model models/vit-mnist --mnist   # the 10,000 MNIST test digits
 
 Every image is scored three ways:
   python  the app's path: the upload read as the app reads it (EXIF-upright, at most the app's
@@ -12,6 +13,9 @@ Printed: right answers per group (photo, painted) or, for a photo folder, per cl
 each route's label equals the Python path's; and the time per image of the Python path and of
 pipeline.onnx (the median of --repeats runs over every image, one thread each, decoding
 excluded), so run it on a quiet machine.
+
+`--mnist` scores the bundled MNIST test split instead, each digit as a decoded 28x28 upload, and
+prints the accuracy of both paths and how often their labels agree (no timing).
 
 `--dev` is a folder in bench/real_uploads.py's layout (`<group>/<label>/<owner>+<name>__<file>`);
 `--photos` a folder `<class>/<image>` whose class names are the model's labels.
@@ -116,16 +120,39 @@ def timings(model: Path, paths: list[Path], repeats: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in spent.items()}
 
 
+def score_mnist(model: Path) -> None:
+    """MNIST test accuracy through the Python path and through pipeline.onnx, and their agreement."""
+    from vit_hub.data import load_splits
+
+    test = load_splits("mnist", None).split("test")
+    classifier, session = OnnxClassifier(model, providers="cpu", threads=1), graph_session(model)
+    right = {"python": 0, "graph": 0}
+    same = 0
+    for index in range(len(test)):
+        image, truth = test[index]
+        python = int(classifier.run(preprocess(image, classifier.config)[None])[0].argmax())
+        graph = int(run_pipeline(session, decoded_pixels(image)).argmax())
+        right["python"] += python == truth
+        right["graph"] += graph == truth
+        same += python == graph
+    count = len(test)
+    print(f"MNIST test, {count} digits: python path {right['python'] / count:.4f}, pipeline.onnx "
+          f"{right['graph'] / count:.4f}, same label {same}/{count}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a model dir with pipeline.onnx and model.onnx")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--dev", help="real digit uploads in bench/real_uploads.py's layout")
     source.add_argument("--photos", help="a photo folder <class>/<image>")
+    source.add_argument("--mnist", action="store_true", help="the bundled MNIST test split")
     parser.add_argument("--repeats", type=int, default=3, help="timing runs over every image (default 3)")
     parser.add_argument("--json", help="write per-image records here")
     args = parser.parse_args()
     model = Path(args.model)
+    if args.mnist:
+        return score_mnist(model)
     found = images_of(args)
     paths = [path for path, _, _ in found]
     classifier_labels = OnnxClassifier(model, providers="cpu").config.labels

@@ -136,16 +136,19 @@ def _normalized(g: GraphBuilder, planes: str, config: ViTConfig) -> str:
 
 
 def write_pipeline(logits_graph: Path, target: Path, config: ViTConfig) -> Path:
-    """preprocessing_graph + the logits graph at `logits_graph` + a softmax -> `target`."""
+    """preprocessing_graph + the logits graph at `logits_graph` + a softmax at the config's
+    temperature -> `target`."""
     network = onnx.load(str(logits_graph))
     preprocessing = onnx.compose.add_prefix(preprocessing_graph(config), "preprocess/")
     network, preprocessing = _same_opset(network, preprocessing)
     merged = onnx.compose.merge_models(preprocessing, network, io_map=[(preprocessing.graph.output[0].name, GRAPH_INPUT)],
                                        outputs=[GRAPH_LOGITS], prefix2="")
-    softmax_node = helper.make_node("Softmax", [GRAPH_LOGITS], ["softmax"], axis=-1)
+    calibrated = helper.make_node("Div", [GRAPH_LOGITS, "temperature"], ["calibrated"])  # as postprocess.softmax
+    softmax_node = helper.make_node("Softmax", ["calibrated"], ["softmax"], axis=-1)
     squeeze = helper.make_node("Squeeze", ["softmax", "squeeze_batch"], [PIPELINE_OUTPUT])
-    merged.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "squeeze_batch"))
-    merged.graph.node.extend([softmax_node, squeeze])
+    merged.graph.initializer.extend([onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "squeeze_batch"),
+                                     onnx.numpy_helper.from_array(np.array(config.temperature, np.float32), "temperature")])
+    merged.graph.node.extend([calibrated, softmax_node, squeeze])
     del merged.graph.output[:]
     merged.graph.output.append(helper.make_tensor_value_info(PIPELINE_OUTPUT, FLOAT, [config.num_classes]))
     del merged.graph.input[:]
@@ -248,7 +251,8 @@ def verify_pipeline(pipeline: Path, logits_graph: Path, config: ViTConfig, uploa
     graph, network = pipeline_session(pipeline), pipeline_session(logits_graph)
     rows, failures = [], []
     for name, image in uploads:
-        expected = softmax(network.run([GRAPH_LOGITS], {GRAPH_INPUT: preprocess(image, config)[None]}, QUIET_RUN)[0])[0]
+        logits = network.run([GRAPH_LOGITS], {GRAPH_INPUT: preprocess(image, config)[None]}, QUIET_RUN)[0]
+        expected = softmax(logits, config.temperature)[0]
         got = run_pipeline(graph, decoded_pixels(image))
         difference = float(np.abs(expected - got).max())
         ranked = np.sort(expected)[::-1]

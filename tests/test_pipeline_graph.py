@@ -25,6 +25,7 @@ from vit_hub.export.graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilde
 from vit_hub.export.pipeline_graph import (TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels, preprocessing_graph,
                                            run_pipeline)
 from vit_hub.layout import PIPELINE_INPUT
+from vit_hub.postprocess import softmax
 from vit_hub.preprocess import UPLOAD_MAX_PIXELS, preprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,8 +203,8 @@ def test_the_bundled_pipeline_gives_the_python_paths_probabilities_on_the_sample
     network = pipeline_graph.pipeline_session(MODEL_DIR / "model.onnx")
     for sample in SAMPLES:
         image = Image.open(sample)
-        logits = network.run(None, {"pixel_values": preprocess(image, DIGIT_CONFIG)[None]})[0][0]
-        expected = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        logits = network.run(None, {"pixel_values": preprocess(image, DIGIT_CONFIG)[None]})[0]
+        expected = softmax(logits, DIGIT_CONFIG.temperature)[0]
         got = run_pipeline(session, decoded_pixels(image))
         np.testing.assert_allclose(got, expected, atol=1e-5)
         assert DIGIT_CONFIG.labels[int(got.argmax())] == sample.stem.rsplit("_", 1)[1]
@@ -237,3 +238,14 @@ def test_an_export_refuses_a_pipeline_that_drifts_from_the_python_path(monkeypat
     assert not (tmp_path / "pipeline.onnx").exists() and (tmp_path / "model.onnx").is_file()
     report = json.loads((tmp_path / "model_export_report.json").read_text())
     assert report["pipeline"]["pipeline.onnx"]["failures"]
+
+
+@pytest.mark.slow
+def test_an_fp16_export_writes_and_checks_a_float16_pipeline(tmp_path):
+    from vit_hub.export import export_onnx
+
+    export_onnx(MODEL_DIR, tmp_path / "model.onnx", precision="fp16", eval_limit=32)
+    report = json.loads((tmp_path / "model_export_report.json").read_text())["pipeline"]
+    assert set(report) == {"pipeline.onnx", "pipeline_fp16.onnx"} and not report["pipeline_fp16.onnx"]["failures"]
+    session = pipeline_graph.pipeline_session(tmp_path / "pipeline_fp16.onnx")
+    assert run_pipeline(session, decoded_pixels(Image.open(SAMPLES[0]))).argmax() == 7
