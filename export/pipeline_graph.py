@@ -43,6 +43,8 @@ from .session import QUIET_RUN, quiet_session_options
 COLOUR_CHANNELS = np.array([[0, 0, 0], [0, 0, 0], [0, 1, 2], [0, 1, 2]])
 PROBABILITY_TOLERANCE = 1e-4  # largest |pipeline.onnx - Python path| accepted per probability
 FP16_PROBABILITY_TOLERANCE = 2e-2  # ... for the float16 copy (its network rounds to 11 bits)
+PHOTO_PIXELS = 4_000_000  # the largest generated photo
+CANVAS = (1280, 720)  # a screenshot-sized drawing canvas (width, height)
 VERIFY_IMAGES = 4  # eval images turned into uploads (each in four forms) when an export is checked
 
 WRONG_CHANNELS = "image: expected uint8 pixels [height, width, channels] with 1, 2, 3 or 4 channels"
@@ -219,8 +221,9 @@ def verification_uploads(images: list[Image.Image], config: ViTConfig) -> list[t
 
 
 def _photographed(image: Image.Image, gray: np.ndarray, rng: np.random.Generator, config: ViTConfig) -> Image.Image:
-    """Enlarged 4-12x, lit unevenly, with sensor noise; a digit's ink dark on light paper."""
-    scale = rng.uniform(4, 12)
+    """Enlarged 4-12x (to 4 megapixels at most), lit unevenly, with sensor noise; a digit's ink
+    dark on light paper."""
+    scale = min(rng.uniform(4, 12), (PHOTO_PIXELS / (image.width * image.height)) ** 0.5)
     size = (max(2, round(image.width * scale)), max(2, round(image.height * scale)))
     base = 255.0 - gray if config.canonicalize == "digit" else gray
     colour = np.asarray(image.convert("RGB"), dtype=np.float32) if config.canonicalize != "digit" else base[..., None] * \
@@ -233,12 +236,14 @@ def _photographed(image: Image.Image, gray: np.ndarray, rng: np.random.Generator
 
 
 def _on_canvas(gray: np.ndarray, rng: np.random.Generator) -> Image.Image:
-    """The image's ink as a thin dark pen on a transparent 1280x720 canvas, off centre."""
-    scale = rng.uniform(8, 14)
-    size = (round(gray.shape[1] * scale), round(gray.shape[0] * scale))
+    """The image's ink as a thin dark pen on a transparent 1280x720 canvas, off centre (enlarged
+    8-14x, or shrunk to fit)."""
+    width, height = CANVAS
+    scale = min(rng.uniform(8, 14), 0.9 * width / gray.shape[1], 0.9 * height / gray.shape[0])
+    size = (max(2, round(gray.shape[1] * scale)), max(2, round(gray.shape[0] * scale)))
     ink = np.asarray(Image.fromarray(gray.astype(np.uint8)).resize(size, Image.Resampling.BILINEAR)) > 160
-    canvas = np.zeros((720, 1280, 4), dtype=np.uint8)
-    top, left = int(rng.integers(0, 720 - size[1])), int(rng.integers(0, 1280 - size[0]))
+    canvas = np.zeros((height, width, 4), dtype=np.uint8)
+    top, left = int(rng.integers(0, height - size[1] + 1)), int(rng.integers(0, width - size[0] + 1))
     canvas[top:top + size[1], left:left + size[0]][ink] = (20, 20, 60, 255)
     return Image.fromarray(canvas, "RGBA")
 
