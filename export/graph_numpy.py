@@ -193,9 +193,10 @@ def _truncate(g: GraphBuilder, value: str) -> str:
 
 
 def _pass(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool) -> str:
-    """One resampling pass along the last axis: doubles [..., in] -> [..., out]."""
+    """One resampling pass along the last axis: [..., in] (float32 or doubles) -> doubles [..., out]."""
     index, weights = window
-    total = g.ReduceSum(g.Mul(g.Gather(pixels, index, axis=-1), weights), g.const([-1]), keepdims=0)  # [..., out]
+    windows = g.Cast(g.Gather(pixels, index, axis=-1), to=DOUBLE)  # [..., out, K]
+    total = g.ReduceSum(g.Mul(windows, weights), g.const([-1]), keepdims=0)
     if not eight_bit:  # Pillow keeps "F" images in float32 between passes
         return g.Cast(g.Cast(total, to=FLOAT), to=DOUBLE)
     half = g.const(float(1 << (PIL_PRECISION_BITS - 1)), np.float64)
@@ -210,7 +211,8 @@ def _pass_by_rows(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_b
                          for axis in range(3))
     blocks = ceil_div(g, rows, g.const(ROW_BLOCK))
     padded = g.Pad(pixels, vector(g, g.const(0), g.const(0), g.const(0), g.const(0),
-                                  g.Sub(g.Mul(blocks, g.const(ROW_BLOCK)), rows), g.const(0)), g.const(0.0, np.float64))
+                                  g.Sub(g.Mul(blocks, g.const(ROW_BLOCK)), rows), g.const(0)),
+                   g.CastLike(g.const(0.0), pixels))
 
     def block(t: GraphBuilder, _state: list[str], step: str) -> tuple:
         start = t.Mul(step, t.const(ROW_BLOCK))
@@ -225,7 +227,7 @@ def _pass_by_rows(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_b
 
 
 def resample(g: GraphBuilder, pixels: str, height: str, width: str, name: str, eight_bit: bool) -> str:
-    """Image.resize((width, height), filter) of doubles [channels, h, w]: Pillow's two passes,
+    """Image.resize((width, height), filter) of [channels, h, w] (float32 or doubles), as doubles: Pillow's two passes,
     the width first, each output pixel from the inputs in its filter's window; with
     `eight_bit`, rounded and clipped to 0-255 after each pass as Pillow does for "L" and "RGB"
     images (else as for "F" images)."""

@@ -64,8 +64,7 @@ def preprocessing_graph(config: ViTConfig) -> onnx.ModelProto:
     else:
         planes = g.Transpose(_colour(g, pixels), perm=[2, 0, 1])
     height, width = config.image_size
-    sized = g.Cast(resample(g, g.Cast(planes, to=DOUBLE), g.const(height), g.const(width), config.interpolation,
-                            eight_bit=True), to=FLOAT)
+    sized = g.Cast(resample(g, planes, g.const(height), g.const(width), config.interpolation, eight_bit=True), to=FLOAT)
     output = g.Unsqueeze(_normalized(g, sized, config), g.const([0]))
     return g.model([helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"])],
                    [helper.make_tensor_value_info(output, FLOAT, [1, config.in_channels, height, width])],
