@@ -358,7 +358,8 @@ def test_train_flags_are_generated_from_the_dataclasses():
     assert expected <= set(helps)
     assert all(helps[name] for name in expected), [name for name in expected if not helps[name]]
     assert "(training measures them on the training split unless given)" in helps["mean"]  # continued docstring line
-    assert set(MODEL_FIELDS) == {field.name for field in dataclasses.fields(ViTConfig)} - {"num_classes", "labels"}
+    fitted_or_from_data = {"num_classes", "labels", "temperature"}  # no flag: the run decides them
+    assert set(MODEL_FIELDS) == {field.name for field in dataclasses.fields(ViTConfig)} - fitted_or_from_data
 
     defaults = cli._settings(parser.parse_args(["train", "--data", "mnist", "--out", "o"]))
     assert defaults == TrainSettings(data="mnist", out="o", command=defaults.command)

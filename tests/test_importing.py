@@ -374,7 +374,7 @@ def test_train_init_fine_tunes_a_timm_model_on_a_folder(timm_small_grid, split_i
     record = json.loads((out / "source.json").read_text())
     assert (record["kind"], record["source"]) == ("fine-tuned", str(source))
     card = (out / "README.md").read_text()
-    assert "fine-tuned with [vit_hub]" in card and "vit_tiny_patch16_224" in card and "license: apache-2.0" in card
+    assert "fine-tuned with vit_hub from timm" in card and "vit_tiny_patch16_224" in card and "license: apache-2.0" in card
 
     # the same folder overwritten by a run from scratch no longer claims a pretrained start
     assert main(["train", "--data", str(split_image_folder), "--out", str(out), "--overwrite", "--image-size", "16",

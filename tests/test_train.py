@@ -146,12 +146,12 @@ def test_metrics_and_card_say_where_the_run_happened(learned_run):
 def test_a_new_run_never_writes_over_a_trained_model(learned_run, image_folder, tmp_path):
     out = tmp_path / "model"
     shutil.copytree(learned_run["out"], out)
-    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
     with pytest.raises(TrainingError, match=f"--out {out}: expected a new or empty folder, found a trained "
                                             r"model or run there \(checkpoint.safetensors, model.safetensors\); "
                                             "pass --resume to continue that run or --overwrite to replace it"):
         train(tiny_settings(image_folder, out, epochs=1))
-    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
     metrics, _, _ = quietly(train, tiny_settings(image_folder, out, epochs=1), overwrite=True)
     assert len(metrics["history"]) == 1
 

@@ -15,7 +15,8 @@ from typing import Any
 from .config import ViTConfig
 from .layout import ModelDir
 
-BUNDLED_DIGITS = Path(__file__).resolve().parent / "bundled" / "samples"  # one MNIST test digit per class
+# One MNIST test digit per class, laid out like a model dir's samples/ folder.
+BUNDLED_DIGITS = Path(__file__).resolve().parent / "bundled" / ModelDir.samples
 MAX_SAMPLES = 12
 MAX_SAMPLE_BYTES = 2 * 2**20
 SAMPLE_SIDE = 256  # a larger validation image is kept scaled down to this longer side

@@ -75,7 +75,6 @@ def calibrate(trainer: Trainer) -> float:
     values = {**read_json(path), "temperature": temperature}
     write_text_atomically(path, json.dumps(values, indent=2, sort_keys=True))  # as save_pretrained writes it
     trainer.best_model.config.temperature = temperature
-    print(f"probabilities: temperature {temperature:g}, fitted on the validation split (vit_hub.calibration)")
     return temperature
 
 
