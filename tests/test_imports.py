@@ -43,6 +43,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "export", "export.__main__", "export.evalset", "export.exporter", "export.graph_check", "export.half",
         "export.on_demand", "export.pipeline", "export.quantize", "export.runtime", "export.session",
         "export.timing", "export.verify",
+        "export.graph_builder", "export.graph_numpy", "export.canonical_graph", "export.pipeline_graph",  # pipeline.onnx
     ),
     "app": (
         "demo", "demo.__main__", "demo.backends", "demo.methods", "demo.page", "demo.pictures", "demo.server", "demo.uploads",
