@@ -31,9 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
-from PIL import ImageOps
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -3,7 +3,8 @@
     g = GraphBuilder()
     doubled = g.Mul(x, g.const(2.0))             # any ONNX operator, by its name
     top, index = g.TopK(values, k, outputs=2)    # several outputs
-    (total,) = g.loop(limit, [start], body)      # a Loop whose body is a Python function
+    (final,) = g.loop(limit, [(start, FLOAT)], body)  # a Loop whose body is a Python function
+    (result,) = g.cond(flag, [FLOAT], then, otherwise)  # an If, each branch a Python function
 
 Each call appends one node and returns the name(s) of its output(s), so a graph reads like the
 NumPy it mirrors. Names are made unique across the graph and its subgraphs (ONNX wants one
@@ -20,12 +21,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 18  # Resize with antialias and ScatterElements' reductions need 18
+OPSET = 18  # ScatterElements' max reduction and the axes of ReduceMax as an input need 18
 IR_VERSION = 9  # what onnxruntime 1.16 and newer load
 
 FLOAT, DOUBLE, INT64, BOOL, UINT8 = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64,
                                     TensorProto.BOOL, TensorProto.UINT8)
-NUMPY_TYPES = {FLOAT: np.float32, DOUBLE: np.float64, INT64: np.int64, BOOL: np.bool_, UINT8: np.uint8}
 
 
 class GraphBuilder:

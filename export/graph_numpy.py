@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder
+from .graph_builder import DOUBLE, FLOAT, INT64, GraphBuilder
 
 PIL_PRECISION_BITS = 22  # Pillow's fixed-point resampling of 8-bit images: 32 - 8 - 2 bits
 PROPAGATION_STEPS = 8  # neighbour steps per loop turn when labelling pieces

@@ -36,7 +36,7 @@ from vit_hub.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limit, preproce
 
 from .canonical_graph import centre_digit
 from .graph_builder import DOUBLE, FLOAT, UINT8, GraphBuilder
-from .graph_numpy import dims, resample, vector
+from .graph_numpy import resample
 from .session import QUIET_RUN, quiet_session_options
 
 # Which decoded channels hold the colour, for 1 to 4 channels (the alpha is the last of 2 or 4).

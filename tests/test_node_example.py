@@ -8,7 +8,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import digit_on_paper, train_tiny
 from PIL import Image, ImageDraw
