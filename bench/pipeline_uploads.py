@@ -3,6 +3,7 @@
     python bench/pipeline_uploads.py --model models/vit-mnist --dev ../shared/realdigits-dev [--json OUT]
     python bench/pipeline_uploads.py --model RUN --photos FOLDER      # an RGB model on a photo folder
     python bench/pipeline_uploads.py --model models/vit-mnist --mnist   # the 10,000 MNIST test digits
+    python bench/pipeline_uploads.py --model models/vit-mnist --large graph   # a 16 MP upload (or: python)
 
 Every image is scored three ways:
   python  the app's path: the upload read as the app reads it (EXIF-upright, at most the app's
@@ -16,6 +17,9 @@ excluded), so run it on a quiet machine.
 
 `--mnist` scores the bundled MNIST test split instead, each digit as a decoded 28x28 upload, and
 prints the accuracy of both paths and how often their labels agree (no timing).
+
+`--large ROUTE` times one route on a 16-megapixel RGB photo of a digit on paper (the app's
+largest upload) and prints the process's peak memory before and after it, one route a process.
 
 `--dev` is a folder in bench/real_uploads.py's layout (`<group>/<label>/<owner>+<name>__<file>`);
 `--photos` a folder `<class>/<image>` whose class names are the model's labels.
@@ -31,7 +35,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -138,6 +144,28 @@ def score_mnist(model: Path) -> None:
           f"{right['graph'] / count:.4f}, same label {same}/{count}")
 
 
+def time_large(model: Path, route: str) -> None:
+    """One route on a 4000x4000 RGB phone photo: seconds, and the peak resident memory it added (both
+    sessions are open before it starts)."""
+    import resource
+
+    rows, cols = np.mgrid[0:4000, 0:4000]
+    paper = 215.0 - 60 * cols / 4000 - 25 * rows / 4000
+    digit = Image.open(sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("*.png"))[0]).convert("L")
+    paper[1200:2700, 1500:3000] -= 0.7 * np.asarray(digit.resize((1500, 1500), Image.Resampling.BICUBIC))
+    photo = Image.fromarray(paper.clip(0, 255).astype(np.uint8)).convert("RGB")
+    classifier, session = OnnxClassifier(model, providers="cpu", threads=1), graph_session(model)
+    run = {"graph": lambda: run_pipeline(session, decoded_pixels(photo)),
+           "python": lambda: classifier.run(preprocess(photo, classifier.config)[None])}[route]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    start = time.perf_counter()
+    answer = run()
+    seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{route} on a 4000x4000 RGB upload: {seconds:.2f} s, peak memory {before:.0f} -> {after:.0f} MB "
+          f"(label index {int(np.asarray(answer).argmax())})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a model dir with pipeline.onnx and model.onnx")
@@ -145,12 +173,15 @@ def main() -> None:
     source.add_argument("--dev", help="real digit uploads in bench/real_uploads.py's layout")
     source.add_argument("--photos", help="a photo folder <class>/<image>")
     source.add_argument("--mnist", action="store_true", help="the bundled MNIST test split")
+    source.add_argument("--large", choices=("graph", "python"), help="one route on a 16 MP upload")
     parser.add_argument("--repeats", type=int, default=3, help="timing runs over every image (default 3)")
     parser.add_argument("--json", help="write per-image records here")
     args = parser.parse_args()
     model = Path(args.model)
     if args.mnist:
         return score_mnist(model)
+    if args.large:
+        return time_large(model, args.large)
     found = images_of(args)
     paths = [path for path, _, _ in found]
     classifier_labels = OnnxClassifier(model, providers="cpu").config.labels

@@ -19,7 +19,7 @@ from .graph_builder import DOUBLE, FLOAT, INT64, GraphBuilder
 
 PIL_PRECISION_BITS = 22  # Pillow's fixed-point resampling of 8-bit images: 32 - 8 - 2 bits
 PROPAGATION_STEPS = 8  # neighbour steps per loop turn when labelling pieces
-ROW_BLOCK = 128  # rows resampled at a time (bounds the memory of a large picture's first pass)
+ROW_BLOCK = 256  # rows of a large picture converted and resampled at a time (bounds its memory)
 
 
 # Sizes and indices -----------------------------------------------------------------------
@@ -168,6 +168,8 @@ def resample_window(g: GraphBuilder, size_in: str, size_out: str, name: str, eig
     weighs the inputs within the filter's support around its centre (scaled when shrinking),
     normalised to sum 1, for 8-bit images rounded to PIL_PRECISION_BITS fixed point. As
     (input index int64 [out, K], weight doubles [out, K]), K the widest window."""
+    if name == "nearest":
+        return _nearest_window(g, size_in, size_out, eight_bit)
     scale = g.Div(as_double(g, size_in), as_double(g, size_out))
     filter_scale = g.Max(scale, g.const(1.0, np.float64))
     centre = g.Unsqueeze(g.Mul(g.Add(positions(g, size_out), g.const(0.5, np.float64)), scale), g.const([1]))  # [out, 1]
@@ -187,12 +189,25 @@ def resample_window(g: GraphBuilder, size_in: str, size_out: str, name: str, eig
     return index, weights
 
 
+def _nearest_window(g: GraphBuilder, size_in: str, size_out: str, eight_bit: bool) -> tuple[str, str]:
+    """Pillow's NEAREST as a window of one input of weight 1: the input under each output
+    pixel's centre, the centres found as Pillow finds them (half a step, then adding a step
+    at a time, in doubles)."""
+    step = g.Div(as_double(g, size_in), as_double(g, size_out))
+    steps = g.Expand(step, g.Unsqueeze(size_out, g.const([0])))  # [out]
+    first = g.Concat(g.Mul(g.Unsqueeze(step, g.const([0])), g.const([0.5], np.float64)),
+                     g.Slice(steps, g.const([1]), g.Unsqueeze(size_out, g.const([0]))), axis=0)
+    index = g.Min(g.Cast(g.Floor(g.CumSum(first, g.const(0))), to=INT64), g.Sub(size_in, g.const(1)))
+    one = float(1 << PIL_PRECISION_BITS) if eight_bit else 1.0
+    return g.Unsqueeze(index, g.const([1])), g.Expand(g.const([[one]], np.float64), vector(g, size_out, g.const(1)))
+
+
 def _truncate(g: GraphBuilder, value: str) -> str:
     """C's (int) of a double: towards zero."""
     return g.Mul(g.Sign(value), g.Floor(g.Abs(value)))
 
 
-def _pass(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool) -> str:
+def resample_pass(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool) -> str:
     """One resampling pass along the last axis: [..., in] (float32 or doubles) -> doubles [..., out]."""
     index, weights = window
     windows = g.Cast(g.Gather(pixels, index, axis=-1), to=DOUBLE)  # [..., out, K]
@@ -204,39 +219,20 @@ def _pass(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool
     return g.Clip(g.Floor(g.Div(g.Add(total, half), unit)), g.const(0.0, np.float64), g.const(255.0, np.float64))
 
 
-def _pass_by_rows(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool) -> str:
-    """_pass over [C, rows, in] a block of ROW_BLOCK rows at a time, so the gathered windows
-    ([C, rows, out, K]) never take more memory than ROW_BLOCK rows of them."""
-    channels, rows, _ = (g.Squeeze(g.Slice(g.Shape(pixels), g.const([axis]), g.const([axis + 1])), g.const([0]))
-                         for axis in range(3))
-    blocks = ceil_div(g, rows, g.const(ROW_BLOCK))
-    padded = g.Pad(pixels, vector(g, g.const(0), g.const(0), g.const(0), g.const(0),
-                                  g.Sub(g.Mul(blocks, g.const(ROW_BLOCK)), rows), g.const(0)),
-                   g.CastLike(g.const(0.0), pixels))
-
-    def block(t: GraphBuilder, _state: list[str], step: str) -> tuple:
-        start = t.Mul(step, t.const(ROW_BLOCK))
-        part = t.Slice(padded, t.Unsqueeze(start, t.const([0])), t.Unsqueeze(t.Add(start, t.const(ROW_BLOCK)), t.const([0])),
-                       t.const([1]))
-        return t.const(True), [], [_pass(t, part, window, eight_bit)]
-
-    stacked = g.loop(blocks, [], block, scans=[DOUBLE])[0]  # [blocks, C, ROW_BLOCK, out]
-    out = g.Gather(g.Shape(stacked), g.const(3))
-    joined = g.Reshape(g.Transpose(stacked, perm=[1, 0, 2, 3]), vector(g, channels, g.const(-1), out))
-    return g.Slice(joined, g.const([0]), g.Unsqueeze(rows, g.const([0])), g.const([1]))
-
-
 def resample(g: GraphBuilder, pixels: str, height: str, width: str, name: str, eight_bit: bool) -> str:
-    """Image.resize((width, height), filter) of [channels, h, w] (float32 or doubles), as doubles: Pillow's two passes,
-    the width first, each output pixel from the inputs in its filter's window; with
-    `eight_bit`, rounded and clipped to 0-255 after each pass as Pillow does for "L" and "RGB"
-    images (else as for "F" images)."""
-    if name == "nearest":
-        return _nearest(g, pixels, height, width)
+    """Image.resize((width, height), filter) of [channels, h, w] (float32 or doubles), as
+    doubles: Pillow's two passes, the width first, each output pixel from the inputs in its
+    filter's window; with `eight_bit`, rounded and clipped to 0-255 after each pass as Pillow
+    does for "L" and "RGB" images (else as for "F" images)."""
     old_height, old_width = _last_two(g, pixels)
-    across = _pass_by_rows(g, pixels, resample_window(g, old_width, width, name, eight_bit), eight_bit)
-    down = _pass(g, g.Transpose(across, perm=[0, 2, 1]), resample_window(g, old_height, height, name, eight_bit),
-                 eight_bit)
+    across = resample_pass(g, pixels, resample_window(g, old_width, width, name, eight_bit), eight_bit)
+    return resample_down(g, across, old_height, height, name, eight_bit)
+
+
+def resample_down(g: GraphBuilder, across: str, old_height: str, height: str, name: str, eight_bit: bool) -> str:
+    """The second pass of `resample`, along the height of [channels, h, out width]."""
+    down = resample_pass(g, g.Transpose(across, perm=[0, 2, 1]), resample_window(g, old_height, height, name, eight_bit),
+                         eight_bit)
     return g.Transpose(down, perm=[0, 2, 1])
 
 
@@ -246,19 +242,22 @@ def _last_two(g: GraphBuilder, pixels: str) -> tuple[str, str]:
     return tuple(g.Squeeze(g.Slice(shape, g.const([axis]), g.const([axis + 1])), g.const([0])) for axis in (1, 2))
 
 
-def _nearest(g: GraphBuilder, pixels: str, height: str, width: str) -> str:
-    """Pillow's NEAREST: each output pixel takes the input pixel under its centre, the centres
-    found as Pillow finds them (half a step, then adding a step at a time, in doubles)."""
-    old_height, old_width = _last_two(g, pixels)
-    result = pixels
-    for axis, old, new in ((-1, old_width, width), (-2, old_height, height)):
-        step = g.Div(as_double(g, old), as_double(g, new))
-        steps = g.Expand(step, g.Unsqueeze(new, g.const([0])))  # [new]
-        first = g.Concat(g.Mul(g.Unsqueeze(step, g.const([0])), g.const([0.5], np.float64)),
-                         g.Slice(steps, g.const([1]), g.Unsqueeze(new, g.const([0]))), axis=0)
-        index = g.Cast(g.Floor(g.CumSum(first, g.const(0))), to=INT64)
-        result = g.Gather(result, g.Min(index, g.Sub(old, g.const(1))), axis=axis)
-    return result
+def by_row_blocks(g: GraphBuilder, image: str, rows: str, rank: int, convert, kind: int) -> str:
+    """convert(g, block) for each block of ROW_BLOCK rows of `image` (rows on axis 0, `rank`
+    axes), the results (rows first, of element type `kind`) joined again: a large picture
+    costs memory for one block at a time. The last block is padded to ROW_BLOCK rows and its
+    padding's results cut off."""
+
+    def block(t: GraphBuilder, _state: list[str], step: str) -> tuple:
+        start = t.Unsqueeze(t.Mul(step, t.const(ROW_BLOCK)), t.const([0]))
+        part = t.Slice(image, start, t.Add(start, t.const([ROW_BLOCK])), t.const([0]))
+        missing = t.Sub(t.const([ROW_BLOCK]), t.Slice(t.Shape(part), t.const([0]), t.const([1])))
+        pads = t.Concat(t.const([0] * rank), missing, t.const([0] * (rank - 1)), axis=0)
+        return t.const(True), [], [convert(t, t.Pad(part, pads))]
+
+    stacked = g.loop(ceil_div(g, rows, g.const(ROW_BLOCK)), [], block, scans=[kind])[0]  # [blocks, ROW_BLOCK, ...]
+    joined = g.Reshape(stacked, g.Concat(g.const([-1]), g.Slice(g.Shape(stacked), g.const([2]), g.const([2**62])), axis=0))
+    return g.Slice(joined, g.const([0]), g.Unsqueeze(rows, g.const([0])), g.const([0]))
 
 
 def reduce_mean(g: GraphBuilder, plane: str, factor: str) -> str:

@@ -36,7 +36,7 @@ from vit_hub.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limit, preproce
 
 from .canonical_graph import centre_digit
 from .graph_builder import DOUBLE, FLOAT, UINT8, GraphBuilder
-from .graph_numpy import resample
+from .graph_numpy import by_row_blocks, resample, resample_down, resample_pass, resample_window
 from .session import QUIET_RUN, quiet_session_options
 
 # Which decoded channels hold the colour, for 1 to 4 channels (the alpha is the last of 2 or 4).
@@ -53,26 +53,38 @@ TOO_LARGE = f"image: expected {pixel_limit(UPLOAD_MAX_PIXELS)}"
 
 
 def preprocessing_graph(config: ViTConfig) -> onnx.ModelProto:
-    """image uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W], as `preprocess`."""
+    """image uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W], as `preprocess`.
+    The full-size picture is read a block of rows at a time (`by_row_blocks`): into gray levels
+    for a digit model, into the model's colour and straight through the resize's first pass
+    for any other, so a 16-megapixel upload never sits in memory as floats."""
     g = GraphBuilder()
-    pixels = _checked(g, PIPELINE_INPUT)
+    image, height, width = _checked(g, PIPELINE_INPUT)
+    out_height, out_width = config.image_size
     if config.canonicalize == "digit":
-        plane = g.Unsqueeze(centre_digit(g, _gray(g, pixels), tuple(config.image_size)), g.const([0]))
+        gray = by_row_blocks(g, image, height, 3, lambda t, rows: _gray(t, t.Cast(rows, to=FLOAT)), FLOAT)
+        plane = g.Unsqueeze(centre_digit(g, gray, tuple(config.image_size)), g.const([0]))
         planes = plane if config.in_channels == 1 else g.Concat(plane, plane, plane, axis=0)  # [C, h, w]
-    elif config.in_channels == 1:
-        planes = g.Unsqueeze(_gray(g, pixels), g.const([0]))
+        sized = resample(g, planes, g.const(out_height), g.const(out_width), config.interpolation, eight_bit=True)
     else:
-        planes = g.Transpose(_colour(g, pixels), perm=[2, 0, 1])
-    height, width = config.image_size
-    sized = g.Cast(resample(g, planes, g.const(height), g.const(width), config.interpolation, eight_bit=True), to=FLOAT)
-    output = g.Unsqueeze(_normalized(g, sized, config), g.const([0]))
+        window = resample_window(g, width, g.const(out_width), config.interpolation, eight_bit=True)
+
+        def across(t: GraphBuilder, rows: str) -> str:  # uint8 [rows, w, channels] -> [rows, C, out width]
+            pixels = t.Cast(rows, to=FLOAT)
+            planes = (t.Unsqueeze(_gray(t, pixels), t.const([1])) if config.in_channels == 1
+                      else t.Transpose(_colour(t, pixels), perm=[0, 2, 1]))
+            return resample_pass(t, planes, window, eight_bit=True)
+
+        rows_first = by_row_blocks(g, image, height, 3, across, DOUBLE)  # [h, C, out width]
+        sized = resample_down(g, g.Transpose(rows_first, perm=[1, 0, 2]), height, g.const(out_height),
+                              config.interpolation, eight_bit=True)
+    output = g.Unsqueeze(_normalized(g, g.Cast(sized, to=FLOAT), config), g.const([0]))
     return g.model([helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"])],
-                   [helper.make_tensor_value_info(output, FLOAT, [1, config.in_channels, height, width])],
+                   [helper.make_tensor_value_info(output, FLOAT, [1, config.in_channels, out_height, out_width])],
                    "vit_hub_preprocessing")
 
 
-def _checked(g: GraphBuilder, image: str) -> str:
-    """The input as float32 [h, w, channels], once its channels and size pass the checks."""
+def _checked(g: GraphBuilder, image: str) -> tuple[str, str, str]:
+    """(the input uint8 [h, w, channels] once its channels and size pass the checks, h, w)."""
     shape = g.Shape(image)
     height, width, channels = (g.Squeeze(g.Slice(shape, g.const([axis]), g.const([axis + 1])), g.const([0]))
                                for axis in range(3))
@@ -80,7 +92,7 @@ def _checked(g: GraphBuilder, image: str) -> str:
                     WRONG_CHANNELS)
     shape = g.guard(shape, g.And(g.GreaterOrEqual(height, g.const(2)), g.GreaterOrEqual(width, g.const(2))), TOO_SMALL)
     shape = g.guard(shape, g.LessOrEqual(g.Mul(height, width), g.const(UPLOAD_MAX_PIXELS)), TOO_LARGE)
-    return g.Reshape(g.Cast(image, to=FLOAT), shape)  # the checks run first: the reshape waits for them
+    return g.Reshape(image, shape), height, width  # the checks run first: the reshape waits for them
 
 
 def _channels(g: GraphBuilder, pixels: str) -> tuple[str, str]:

@@ -79,12 +79,15 @@ def test_resampling_equals_pillows_for_8_bit_images(name):
         np.testing.assert_array_equal(got, expected)
 
 
-def test_a_large_picture_is_resampled_a_block_of_rows_at_a_time_to_the_same_numbers():
-    pixels = np.random.default_rng(5).integers(0, 256, (gn.ROW_BLOCK * 3 + 17, 500), dtype=np.uint8)
-    expected = np.asarray(Image.fromarray(pixels).resize((64, 48), Image.Resampling.BICUBIC))
-    got = run_ops(lambda g, x: gn.resample(g, g.Unsqueeze(x, g.const([0])), g.const(48), g.const(64), "bicubic", True),
-                  pixels.astype(np.float64))[0]
-    np.testing.assert_array_equal(got, expected)
+@pytest.mark.parametrize("canonicalize", ["none", "digit"])
+def test_a_tall_picture_read_a_block_of_rows_at_a_time_gives_the_same_pixels(canonicalize):
+    """Three whole blocks of rows and a short one: the blocks join without a seam."""
+    config = ViTConfig(image_size=[28, 28], patch_size=[7, 7], in_channels=3 if canonicalize == "none" else 1,
+                       num_classes=2, labels=["a", "b"], embed_dim=16, depth=1, num_heads=2,
+                       canonicalize=canonicalize, interpolation="bicubic")
+    photo = digit_on_paper(SAMPLES[1], canvas=(300, gn.ROW_BLOCK * 3 + 17), at=(60, 300), side=160)
+    got = session_of(preprocessing_graph(config)).run(None, {PIPELINE_INPUT: decoded_pixels(photo)})[0][0]
+    np.testing.assert_array_equal(got, preprocess(photo, config))
 
 
 def test_reduce_equals_pillows_rounding():
