@@ -17,10 +17,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/activate
 	touch $@
 
 # The Node example's pinned packages (tests/test_node_example.py runs it), without the CUDA
-# libraries onnxruntime-node would otherwise download.
+# libraries onnxruntime-node would otherwise download; onnxruntime-web's npm tarball, which
+# tests/test_static_space.py vendors into a static Space (vit_hub.static_space.ORT_WEB_VERSION).
 $(VENV)/.installed-dev: requirements-dev.txt examples/node/package-lock.json $(VENV)/.installed
 	$(BIN)/pip install -q -r requirements-dev.txt
 	cd examples/node && ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(VENV)/cache && cd $(VENV)/cache && npm pack onnxruntime-web@1.30.0 --silent >/dev/null
 	touch $@
 
 install: $(VENV)/.installed

@@ -248,6 +248,13 @@ def _add_space(commands) -> None:
     space.add_argument("--private", action="store_true", help="make the Space private when this creates it")
     space.add_argument("--dry-run", action="store_true", help="write the folder only, upload nothing")
     space.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`)")
+    space.add_argument("--static", action="store_true",
+                       help="a static Space instead: the model runs in the visitor's browser (pipeline.onnx with "
+                            "ONNX Runtime Web), no server, no maps (default: off)")
+    space.add_argument("--onnxruntime-web", metavar="TGZ", help="with --static: the tarball of `npm pack "
+                       "onnxruntime-web@VERSION` to vendor (default: downloaded from npm's registry once, checked)")
+    space.add_argument("--demo-url", metavar="URL", help="with --static: the Gradio demo the page links to for maps "
+                       "(default: none)")
 
 
 def _param_help() -> str:
@@ -368,18 +375,28 @@ def run_inspect(args: argparse.Namespace) -> None:
 
 
 def run_space(args: argparse.Namespace) -> None:
-    from .export.graph_check import check_graph  # what the Space's app checks at start, checked now
     from .space import push_space, space_url, write_space
 
     out = Path(args.out or args.repo_id.rpartition("/")[2])
-    written = write_space(args.model, out, args.repo_id, args.revision, args.token, check_graph=check_graph)
-    served = (f"{written.settings.model}@{written.settings.revision}" if written.settings.revision
-              else f"{args.model}, bundled")
-    print(f"wrote the Space to {out}: {len(written.files)} files, serving {served}")
+    if args.static:
+        from .static_space import write_static_space
+
+        written = write_static_space(args.model, out, args.repo_id, args.onnxruntime_web, args.demo_url)
+        size = sum((out / name).stat().st_size for name in written.files)
+        print(f"wrote the static Space to {out}: {len(written.files)} files, {size / 1e6:.1f} MB, running "
+              f"{args.model}'s pipeline.onnx in the browser")
+    else:
+        from .export.graph_check import check_graph  # what the Space's app checks at start, checked now
+
+        written = write_space(args.model, out, args.repo_id, args.revision, args.token, check_graph=check_graph)
+        served = (f"{written.settings.model}@{written.settings.revision}" if written.settings.revision
+                  else f"{args.model}, bundled")
+        print(f"wrote the Space to {out}: {len(written.files)} files, serving {served}")
     if args.dry_run:
         print(f"not uploaded (--dry-run); without it the Space goes to {space_url(args.repo_id)}")
         return
-    print(f"uploaded: {push_space(out, args.repo_id, private=args.private or None, token=args.token)}")
+    sdk = "static" if args.static else "gradio"
+    print(f"uploaded: {push_space(out, args.repo_id, private=args.private or None, token=args.token, sdk=sdk)}")
 
 
 COMMANDS = {"train": run_train, "inspect": run_inspect, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,

@@ -329,12 +329,14 @@ def space_url(repo_id: str) -> str:
     return f"{hub_endpoint()}/spaces/{repo_id}"
 
 
-def push_space(folder: str | Path, repo_id: str, private: bool | None = None, token: str | None = None) -> str:
-    """Create the Gradio Space `repo_id` if needed and upload `folder` to it in one commit -> its URL."""
+def push_space(folder: str | Path, repo_id: str, private: bool | None = None, token: str | None = None,
+               sdk: str = "gradio") -> str:
+    """Create the Space `repo_id` (a Gradio Space, or with sdk="static" a static one) if needed
+    and upload `folder` to it in one commit -> its URL."""
     check_repo_id(repo_id, flag="--repo-id")
     api = HfApi(endpoint=hub_endpoint(), token=_push_token(token), library_name="vit_hub")
     with hub_errors(repo_id):
-        api.create_repo(repo_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
+        api.create_repo(repo_id, repo_type="space", space_sdk=sdk, private=private, exist_ok=True)
         api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="space",
                           commit_message=f"Demo of {Path(folder).name}, written by vit-hub space")
     return space_url(repo_id)

@@ -1,0 +1,135 @@
+"""`vit-hub space --static` (vit_hub/static_space.py and the page in vit_hub/static_page): the folder
+it writes, served by a plain static server on 127.0.0.1 and opened in Debian's headless chromium,
+classifies the samples and generated uploads as the Python app does, fetches nothing from
+elsewhere, and fits a static Space. `make install-dev` fetches onnxruntime-web's npm tarball into
+.venv/cache (npm pack), so the tests run offline."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import digit_on_paper
+from PIL import Image, ImageDraw
+
+from bench.static_space import serve, wait_for_label
+from vit_hub.errors import UserError
+from vit_hub.export import OnnxClassifier
+from vit_hub.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
+from vit_hub.static_space import ORT_WEB_VERSION, onnxruntime_web, write_static_space
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "models" / "vit-mnist"
+ORT_WEB = ROOT / ".venv" / "cache" / f"onnxruntime-web-{ORT_WEB_VERSION}.tgz"
+MAX_DOWNLOAD = 10 * 2**20  # compressed, as a static host serves it
+
+
+@pytest.fixture(scope="module")
+def static_space(tmp_path_factory) -> Path:
+    assert ORT_WEB.is_file(), f"run `make install-dev` (it fetches {ORT_WEB.name} with npm pack)"
+    out = tmp_path_factory.mktemp("spaces") / "digits"
+    write_static_space(MODEL_DIR, out, "me/digits", ORT_WEB)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(static_space):
+    """The folder behind a plain static file server on 127.0.0.1 -> its URL."""
+    server = serve(static_space)
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+def test_the_folder_is_a_static_space_with_the_graph_and_onnxruntime_web(static_space):
+    front = (static_space / "README.md").read_text().split("---")[1]
+    assert "sdk: static" in front and "app_file: index.html" in front
+    described = json.loads((static_space / "model" / "model.json").read_text())
+    assert described["labels"] == [str(digit) for digit in range(10)] and described["digit"] is True
+    assert len(described["samples"]) == 10 and all((static_space / "samples" / name).is_file()
+                                                   for name in described["samples"])
+    assert (static_space / "model" / "pipeline.onnx").read_bytes() == (MODEL_DIR / "pipeline.onnx").read_bytes()
+    assert sorted(path.name for path in (static_space / "ort").iterdir()) == ["ort-wasm-simd-threaded.wasm",
+                                                                             "ort.wasm.bundle.min.mjs"]
+
+
+def test_its_download_compressed_is_under_10_mb(static_space):
+    files = [path for path in static_space.rglob("*") if path.is_file() and path.name != ".vit-hub-space"]
+    compressed = sum(len(gzip.compress(path.read_bytes(), 6)) for path in files)
+    assert compressed < MAX_DOWNLOAD, compressed
+
+
+def test_a_tarball_that_is_not_onnxruntime_web_is_refused(tmp_path):
+    fake = tmp_path / "onnxruntime-web.tgz"
+    fake.write_bytes(b"not the package")
+    with pytest.raises(UserError, match=r"^--onnxruntime-web: expected onnxruntime-web .* got another file"):
+        onnxruntime_web(fake)
+
+
+def test_a_model_without_pipeline_onnx_names_the_export_command(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (model / name).write_bytes((MODEL_DIR / name).read_bytes())
+    with pytest.raises(FileNotFoundError, match="expected pipeline.onnx in .*python -m vit_hub.export --model"):
+        write_static_space(model, tmp_path / "space", "me/digits", ORT_WEB)
+    assert not (tmp_path / "space").exists()
+
+
+def test_the_cli_writes_it_and_says_what_it_wrote(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "vit_hub", "space", str(MODEL_DIR), "--repo-id", "me/digits", "--static",
+                           "--dry-run", "--out", str(tmp_path / "space"), "--onnxruntime-web", str(ORT_WEB)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote the static Space to {tmp_path / 'space'}: 17 files" in done.stdout
+    assert (tmp_path / "space" / "index.html").is_file()
+
+
+# In a real browser --------------------------------------------------------------------------------
+def uploads(folder: Path) -> list[Path]:
+    """What a visitor brings: a phone photo of a digit on paper, a transparent screenshot of a
+    drawing, a scan in gray."""
+    folder.mkdir(exist_ok=True)
+    sample = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("*.png"))[1]
+    photo = folder / "photo.jpg"
+    digit_on_paper(sample).save(photo, quality=85)
+    drawing = Image.new("RGBA", (800, 600), (0, 0, 0, 0))
+    ImageDraw.Draw(drawing).line([(300, 150), (480, 150), (360, 480)], fill=(10, 10, 10, 255), width=14)  # a 7
+    drawing.save(folder / "drawing.png")
+    scan = folder / "scan.png"
+    Image.open(sample).convert("L").resize((140, 140)).save(scan)
+    return [photo, folder / "drawing.png", scan]
+
+
+@pytest.mark.browser
+def test_the_page_classifies_as_the_python_app_and_fetches_only_its_own_files(served, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from docs.screenshots import CHROMIUM, CHROMIUM_ARGS
+
+    samples = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("*.png"))
+    files = uploads(tmp_path)
+    classifier = OnnxClassifier(MODEL_DIR, providers="cpu")
+    expected = [classifier.predict(load_image(open_image(path, path.name, UPLOAD_MAX_PIXELS)), top_k=1)[0][0]
+                for path in [*samples, *files]]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        fetched = []
+        page.on("request", lambda request: fetched.append(request.url))
+        page.goto(served)
+        page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+        got = []
+        for index, _ in enumerate(samples):
+            page.locator("#samples img").nth(index).click()
+            got.append(wait_for_label(page))
+        for path in files:
+            page.set_input_files("#file", str(path))
+            got.append(wait_for_label(page))
+        assert "WebAssembly" in page.inner_text("#backend") and page.locator("#pad").is_visible()
+        browser.close()
+    assert got == expected
+    assert all(url.startswith(served) or url.startswith("blob:") for url in fetched), fetched
