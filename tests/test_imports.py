@@ -35,7 +35,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "calibration",  # the temperature of its probabilities
     ),
     "hub": (
-        "", "hub", "card", "pretrained", "weight_checks", "hub_cli", "space",  # model dirs, files and the Hub
+        "", "hub", "card", "pretrained", "weight_checks", "hub_cli", "space", "static_space",  # model dirs, files, the Hub
         "converting", "importing",  # timm and transformers ViTs
         "inspecting", "training_run", "sweep",  # commands that write a complete model dir
     ),
