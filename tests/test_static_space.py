@@ -88,6 +88,22 @@ def test_the_cli_writes_it_and_says_what_it_wrote(tmp_path):
     assert (tmp_path / "space" / "index.html").is_file()
 
 
+@pytest.mark.slow
+def test_a_photo_models_page_offers_its_own_samples_and_no_drawing(split_image_folder, tmp_path):
+    from conftest import train_tiny
+    from vit_hub.export import export_onnx
+
+    model = train_tiny(split_image_folder, tmp_path / "model")
+    export_onnx(model, model, calib_data=str(split_image_folder))
+    written = write_static_space(model, tmp_path / "space", "me/shapes", ORT_WEB, demo_url="https://example.org/demo")
+    described = json.loads((written.folder / "model" / "model.json").read_text())
+    kept = sorted(path.name for path in (model / "samples").glob("*.png"))
+    assert described["digit"] is False and described["labels"] == ["bright_disc", "dark_square"]
+    assert kept and described["samples"] == kept and described["demo_url"] == "https://example.org/demo"
+    with pytest.raises(UserError, match="^--demo-url: expected an https:// address"):
+        write_static_space(model, tmp_path / "other", "me/shapes", ORT_WEB, demo_url="javascript:alert(1)")
+
+
 # In a real browser --------------------------------------------------------------------------------
 def uploads(folder: Path) -> list[Path]:
     """What a visitor brings: a phone photo of a digit on paper, a transparent screenshot of a
