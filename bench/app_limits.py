@@ -9,12 +9,14 @@ Starts `python app.py` on 127.0.0.1 in its own process and reads its resident me
      the peak over the idle server;
   2. bursts of refused blank images and answered digits, `--burst` requests `--burst-concurrency`
      at a time, three times: the peak, and what is still held 3 s after each;
-  3. `--flood` requests of /predict_labels at once (`--flood-concurrency` client threads):
+  3. `--steady` requests of /predict of a small digit, `--steady-concurrency` at a time, in
+     four rounds: resident memory after each (does it plateau?);
+  4. `--flood` requests of /predict_labels at once (`--flood-concurrency` client threads):
      how many the queue refuses with HTTP 503 "Queue is full" (Gradio refuses a request when
      the queue holds page.QUEUE_SIZE).
 
     python bench/app_limits.py [--model models/vit-mnist] [--burst 100] [--burst-concurrency 50]
-                               [--flood 200] [--flood-concurrency 100]
+                               [--steady 1000] [--steady-concurrency 20] [--flood 200] [--flood-concurrency 100]
 """
 
 from __future__ import annotations
@@ -130,6 +132,17 @@ def bursts(server: Server, digit: Path, blank: Path, requests: int, concurrency:
     return results
 
 
+def steady(server: Server, digit: Path, requests: int, concurrency: int) -> list[dict]:
+    idle, _ = server.memory_mb()
+    rounds = []
+    for _ in range(4):
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            events = list(pool.map(lambda _: server.call("predict", digit), range(requests // 4)))
+        rounds.append({"resident_mb": server.memory_mb()[0], "over_idle_mb": server.memory_mb()[0] - idle,
+                       "events": {event: events.count(event) for event in sorted(set(events))}})
+    return rounds
+
+
 def flood(server: Server, digit: Path, requests: int, concurrency: int) -> dict:
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         events = list(pool.map(lambda _: server.call("predict_labels", digit, (3,)), range(requests)))
@@ -142,6 +155,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=7871)
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--burst-concurrency", type=int, default=50)
+    parser.add_argument("--steady", type=int, default=1000)
+    parser.add_argument("--steady-concurrency", type=int, default=20)
     parser.add_argument("--flood", type=int, default=200)
     parser.add_argument("--flood-concurrency", type=int, default=100)
     args = parser.parse_args()
@@ -155,6 +170,8 @@ def main() -> None:
         report = {"one request": one_request_each(server, accepted, blank),
                   f"bursts of {args.burst} at {args.burst_concurrency}": bursts(
                       server, small_digit, blank, args.burst, args.burst_concurrency),
+                  f"{args.steady} at {args.steady_concurrency}, in four rounds": steady(
+                      server, small_digit, args.steady, args.steady_concurrency),
                   f"{args.flood} at {args.flood_concurrency}": flood(server, small_digit, args.flood,
                                                                        args.flood_concurrency)}
     finally:

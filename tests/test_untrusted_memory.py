@@ -109,3 +109,19 @@ def test_a_burst_of_refused_and_answered_requests_gives_memory_back(tmp_path):
         server.wait(timeout=60)
     assert events.count("complete") == 6 and events.count("error") == 18, events
     assert after - idle < HELD_MB, (idle, peak, after)
+
+
+def test_the_server_keeps_a_bounded_number_of_sessions():
+    """Every API call without a session is a new Gradio session holding a copy of the page's
+    config (about 80 KB): at Gradio's default capacity of 10,000 a server grew 20 MB every 250
+    requests (bench/app_limits.py --steady). The app keeps page.SESSIONS_KEPT."""
+    demo = page.build_demo(backends.TorchPredictor.load(BUNDLED_MODEL))
+    _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        assert demo.state_holder.capacity == page.SESSIONS_KEPT <= 1_000
+        digit = ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
+        for _ in range(3):
+            assert call(url, "predict_labels", [file_data(upload(url, digit), orig_name=digit.name), 3])[0] == "complete"
+        assert len(demo.state_holder.session_data) <= page.SESSIONS_KEPT
+    finally:
+        demo.close()

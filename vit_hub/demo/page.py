@@ -46,6 +46,10 @@ from .uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, map_larg
 CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a Space folder
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
 QUEUE_SIZE = 64
+# Gradio keeps a copy of the page's config for every session, about 80 KB each, and each API
+# call without a session is a new one: at Gradio's default of 10,000 a server grew 20 MB every
+# 250 requests. The page keeps no state in a session, so the oldest are dropped sooner.
+SESSIONS_KEPT = 256
 MAX_LABELS_NAMED = 5  # the header names a model's first classes, then says how many more
 # Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck; the
 # answer's pictures start below the label that floats over their top edge (it hid the head
@@ -294,4 +298,4 @@ def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, **l
     map_large_blocks()  # so memory comes back after a burst of large uploads
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY_LIMIT)
     return demo.launch(server_name=host, server_port=port, share=False, ssr_mode=False,
-                       max_file_size=MAX_FILE_SIZE, css=CSS, **launch)
+                       max_file_size=MAX_FILE_SIZE, css=CSS, state_session_capacity=SESSIONS_KEPT, **launch)
