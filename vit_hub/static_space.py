@@ -43,7 +43,7 @@ MAX_ORT_FILE_BYTES = 32 * 2**20
 PAGE = Path(__file__).resolve().parent / "static_page"
 PAGE_FILES = ("index.html", "page.js")
 STATIC_MODEL = "model"  # the graph and model.json inside the Space
-SAMPLES = "samples"
+SAMPLES = ModelDir.samples  # the sample images inside the Space, named as in a model dir
 
 
 def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web: str | Path | None = None,
@@ -62,7 +62,7 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
     config = ViTConfig.from_json(ModelDir(model_dir).config)
     title = repo_id.split("/")[1]
     described = {"title": title, "labels": config.labels, "digit": is_digit_model(config),
-                 "samples": [path.name for path in samples], "demo_url": _checked_url(demo_url)}
+                 SAMPLES: [path.name for path in samples], "demo_url": _checked_url(demo_url)}  # the page reads them
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
     try:
