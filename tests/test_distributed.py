@@ -89,7 +89,7 @@ def test_ddp_training_finishes_and_only_rank0_writes(ddp_run):
     files = sorted(path.name for path in out.iterdir())
     assert files == sorted(["README.md", ModelDir.checkpoint, "config.json", "confusion_matrix.png", "curves.png",
                             "metrics.json", "model.safetensors", "inspect.json", "patch_filters.png",
-                            "position_similarity.png", "attention_distance.png"])
+                            "position_similarity.png", "attention_distance.png", ModelDir.samples])
     # One summary line: printed by rank 0 alone.
     summaries = [line for line in result.stdout.splitlines() if line.startswith('{"out"')]
     assert len(summaries) == 1
