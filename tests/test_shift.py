@@ -69,14 +69,17 @@ def run(stained_set, tmp_path, name, model, **settings):
     out = tmp_path / name
     metrics = train(TrainSettings(data=str(stained_set), out=str(out), epochs=60, seed=SEED, num_workers=0,
                                   device="cpu", model={**COMMON, **model}, **settings))
-    return {split: result["accuracy"] for split, result in metrics["evaluation"].items()}
+    return {**{split: result["accuracy"] for split, result in metrics["evaluation"].items()},
+            "best_val": metrics["best_val_accuracy"]}
 
 
 @pytest.mark.slow
 def test_previous_defaults_fail_on_another_labs_stain_and_the_current_ones_pass(stained_set, tmp_path):
-    """The current defaults carry over to the other lab's stain (test >= 0.85); the previous ones fit
-    validation and stay near chance on the test slides (validation hid it). Accuracies by seed: SEED."""
+    """The current defaults carry over to the other lab's stain (test >= 0.85); the previous ones
+    reach 0.9 on validation during training and stay near chance on the test slides (validation
+    hid it; with under 1,000 validation images the run keeps its last epoch, whatever its
+    validation score). Accuracies by seed: SEED."""
     current = run(stained_set, tmp_path, "current", {})
     previous = run(stained_set, tmp_path, "previous", PREVIOUS, batch_size=128)
     assert current["test"] >= 0.85, current
-    assert previous["val"] >= 0.9 and previous["test"] <= 0.6, previous
+    assert previous["best_val"] >= 0.9 and previous["test"] <= 0.6, previous
