@@ -8,8 +8,9 @@ Inside, the steps `vit_hub.preprocess.preprocess` takes, in the same order and t
 numbers: alpha over white and the model's colour (Pillow's formulas, exact), the config's
 canonicalisation (`canonical_graph`: all of `digit`), the resize with the config's filter
 (`graph_numpy.resample`: Pillow's), the normalisation; then the network (the logits graph,
-merged in) and a softmax. Every export checks the graph against the Python path on real and
-generated uploads (`verify_pipeline`) and refuses one that disagrees.
+merged in) and a softmax at the config's temperature. Every export checks the graph against
+the Python path on real and generated uploads (`verify_pipeline`) and refuses one that
+disagrees.
 
 A bad input stops the run with onnxruntime's own error, which quotes the failing check:
 an image smaller than 2x2 or over UPLOAD_MAX_PIXELS, a channel count other than 1-4, an

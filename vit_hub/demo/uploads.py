@@ -22,13 +22,13 @@ from PIL import Image
 
 from ..canonical import EmptyImageError, centre_digit
 from ..errors import UserError
-from ..preprocess import check_header, load_image, open_image, to_model_mode
+from ..preprocess import UPLOAD_MAX_PIXELS, check_header, load_image, open_image, to_model_mode
 
 MAX_FILE_SIZE = "20mb"
 # Largest image a request may send (pixels, read from its header before it is decoded): a 12 MP
 # phone photo fits. Decoding and converting an RGBA image holds about 15 bytes a pixel, so the
 # requests in flight (page.CONCURRENCY_LIMIT) hold at most about 1 GB.
-APP_MAX_PIXELS = 16_000_000
+APP_MAX_PIXELS = UPLOAD_MAX_PIXELS
 MAX_NAME_CHARS = 80  # of a client's file name, when a message names it
 # An absolute path in a message: /dir/.../name or C:\dir\...\name; `name` is its last part.
 ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~])/|\b[A-Za-z]:[\\/])(?:[^\s/\\'\"]+[/\\])*(?P<name>[^\s/\\'\"]*)")
