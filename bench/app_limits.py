@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import os
 import re
 import struct
@@ -42,19 +43,27 @@ CONTROLS = ("mean", 0.0, 3, "rollout")
 SIDE = 3_990  # 15.9 MP: just under the app's 16 MP limit
 
 
-def blank_rgba16(path: Path, side: int) -> Path:
-    """A blank 16-bit RGBA PNG, compressed row by row: kilobytes on disk, 8 bytes a pixel decoded."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+# A blank PNG's header fields: (bit depth, colour type, bytes a pixel in a row).
+PNG_KINDS = {"1-bit gray": (1, 0, 1 / 8), "RGBA": (8, 6, 4), "16-bit RGBA": (16, 6, 8)}
 
+
+def blank_png(path: Path, width: int, height: int, kind: str = "1-bit gray") -> Path:
+    """A genuine blank PNG of any size (one of PNG_KINDS), compressed row by row: kilobytes on
+    disk however many megapixels it decodes to."""
+    def chunk(name: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + name + data + struct.pack(">I", zlib.crc32(name + data))
+
+    depth, colour, per_pixel = PNG_KINDS[kind]
+    row = b"\x00" * (1 + math.ceil(width * per_pixel))  # filter byte + pixels
     compressor = zlib.compressobj(9)
-    pixels = b"".join(compressor.compress(b"\x00" * (1 + 8 * side)) for _ in range(side)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", side, side, 16, 6, 0, 0, 0)
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0)
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
     return path
 
 
 def digit_rgba(path: Path, side: int) -> Path:
+    """A large RGBA image the app accepts: a dark square on white, side x side pixels."""
     image = Image.new("RGBA", (side, side), (255, 255, 255, 255))
     image.paste((0, 0, 0, 255), (side // 3, side // 4, side // 2, 3 * side // 4))
     image.save(path)
@@ -161,7 +170,7 @@ def main() -> None:
     parser.add_argument("--flood-concurrency", type=int, default=100)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="app-limits-"))
-    accepted, blank = digit_rgba(folder / "digit16mp.png", 4_000), blank_rgba16(folder / "blank16mp.png", SIDE)
+    accepted, blank = digit_rgba(folder / "digit16mp.png", 4_000), blank_png(folder / "blank16mp.png", SIDE, SIDE, "16-bit RGBA")
     small_digit = ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
     server = Server(args.model, args.port)
     try:

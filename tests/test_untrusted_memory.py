@@ -14,34 +14,18 @@ from __future__ import annotations
 import concurrent.futures
 import gc
 import os
-import struct
-import subprocess
-import sys
-import zlib
 from pathlib import Path
 
 import gradio as gr
+from bench.app_limits import blank_png
 from conftest import BUNDLED_MODEL, call, file_data, free_port, upload
-from test_untrusted_uploads import SERVE, rss_mb
+from test_untrusted_uploads import app_in_its_own_process, rss_mb
 
 from vit_hub.demo import backends, page, uploads
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTROLS = ("mean", 0.0, 3, "rollout")
 HELD_MB = 100  # what the issue allows a burst to leave behind
-
-
-def blank_rgba16(path: Path, side: int) -> Path:
-    """A blank 16-bit RGBA PNG (8 bytes a pixel decoded, more once converted), compressed row by
-    row to kilobytes: the costliest image to find blank."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    compressor = zlib.compressobj(9)
-    pixels = b"".join(compressor.compress(b"\x00" * (1 + 8 * side)) for _ in range(side)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", side, side, 16, 6, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
-    return path
 
 
 def resident_mb() -> int:
@@ -56,7 +40,7 @@ def test_a_refusal_keeps_none_of_the_request_s_arrays(tmp_path, monkeypatch):
 
     folder = Path(get_upload_folder())
     folder.mkdir(parents=True, exist_ok=True)
-    blank = blank_rgba16(folder / "blank.png", 3_000)
+    blank = blank_png(folder / "blank.png", 3_000, 3_000, "16-bit RGBA")
     predict = uploads.user_errors(page.Handlers(backends.TorchPredictor.load(BUNDLED_MODEL), "rollout").predict)
     request = ({"path": str(blank), "orig_name": "blank.png"}, *CONTROLS)
     kept = []
@@ -83,15 +67,8 @@ def test_a_burst_of_refused_and_answered_requests_gives_memory_back(tmp_path):
     """Against a server in its own process: 24 requests, 8 at a time, of a blank 9 MP 16-bit RGBA
     PNG (refused after it is decoded: no ink) and a digit (answered); resident memory ends within
     HELD_MB of where it stood after one request of each."""
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-           "GRADIO_TEMP_DIR": str(tmp_path / "gradio")}
-    server = subprocess.Popen([sys.executable, "-c", SERVE.format(root=str(ROOT), model=str(BUNDLED_MODEL), port=port)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    try:
-        assert server.stdout.readline().strip() == "ready"
-        url = f"http://127.0.0.1:{port}/"
-        blank = blank_rgba16(tmp_path / "blank.png", 3_000)
+    with app_in_its_own_process(GRADIO_TEMP_DIR=str(tmp_path / "gradio")) as (server, url):
+        blank = blank_png(tmp_path / "blank.png", 3_000, 3_000, "16-bit RGBA")
         digit = ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"  # a 7
 
         def request(index: int) -> str:
@@ -103,10 +80,6 @@ def test_a_burst_of_refused_and_answered_requests_gives_memory_back(tmp_path):
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             events = list(pool.map(request, range(24)))
         after, peak = rss_mb(server.pid)
-    finally:
-        server.stdin.close()
-        server.terminate()
-        server.wait(timeout=60)
     assert events.count("complete") == 6 and events.count("error") == 18, events
     assert after - idle < HELD_MB, (idle, peak, after)
 

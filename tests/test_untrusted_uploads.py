@@ -11,16 +11,17 @@ by row (kilobytes on disk).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import re
-import struct
 import subprocess
 import sys
-import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from bench.app_limits import blank_png, digit_rgba
 from conftest import BUNDLED_MODEL, assert_one_line, call, file_data, free_port, upload
 from PIL import Image, ImageDraw
 
@@ -37,30 +38,6 @@ SAMPLE = ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png
 CONTROLS = ("mean", 0.0, 3, "rollout")  # head fusion, discard ratio, top-k, method
 
 
-def blank_png(path: Path, width: int, height: int, rgba: bool = False) -> Path:
-    """A genuine PNG of any size, compressed row by row: kilobytes on disk however many
-    megapixels it decodes to. 1-bit grayscale, or 8-bit RGBA (4 bytes a pixel decoded)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    row = b"\x00" * (1 + (4 * width if rgba else (width + 7) // 8))  # filter byte + pixels
-    compressor = zlib.compressobj(9)
-    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0) if rgba else \
-        struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
-    return path
-
-
-def digit_rgba(path: Path, side: int) -> Path:
-    """A large RGBA image the app accepts: a dark square on white, side x side pixels."""
-    image = Image.new("RGBA", (side, side), (255, 255, 255, 255))
-    image.paste((0, 0, 0, 255), (side // 3, side // 4, side // 2, 3 * side // 4))
-    image.save(path)
-    return path
-
-
-# Through a server in this process --------------------------------------------------------
 def uploaded(url: str, path: Path) -> dict:
     """Upload a file as the page does; returns the file data a request sends for it."""
     return file_data(upload(url, path), orig_name=path.name)
@@ -78,7 +55,7 @@ def hostile(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("hostile_uploads")
     return {"13000x13000 composite": blank_png(folder / "composite.png", 13_000, 13_000),  # the issue's 118 KB PNG
             "20 megapixels": blank_png(folder / "twenty.png", 5_000, 4_000),  # under training's 64, over the app's 16
-            "64 megapixel RGBA": blank_png(folder / "rgba.png", 8_000, 8_000, rgba=True)}
+            "64 megapixel RGBA": blank_png(folder / "rgba.png", 8_000, 8_000, "RGBA")}
 
 
 @pytest.mark.parametrize("part", ["composite", "layers", "background"])
@@ -144,6 +121,23 @@ sys.stdin.read()  # until the test closes it
 """
 
 
+@contextlib.contextmanager
+def app_in_its_own_process(**env: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """(the server process, its URL): the bundled model's app started by SERVE, one OpenMP
+    thread, `env` added; stopped afterwards whatever happens."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False", **env}
+    server = subprocess.Popen([sys.executable, "-c", SERVE.format(root=str(ROOT), model=str(BUNDLED_MODEL), port=port)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        yield server, f"http://127.0.0.1:{port}/"
+    finally:
+        server.stdin.close()
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def rss_mb(pid: int) -> tuple[int, int]:
     """(resident now, peak resident) of a process, in MB."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -156,13 +150,7 @@ def test_100_hostile_requests_50_at_a_time_keep_memory_bounded_and_give_it_back(
     """The issue: 100 requests of a 264 KB 64 MP RGBA PNG, 50 at a time, passed 4 GB in 25 s
     and 3.5 GB stayed in use. Here, with drawings of 13000x13000 and images the app accepts
     (16 MP RGBA, the most one request may decode) among them."""
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-    server = subprocess.Popen([sys.executable, "-c", SERVE.format(root=str(ROOT), model=str(BUNDLED_MODEL), port=port)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    try:
-        assert server.stdout.readline().strip() == "ready"
-        url = f"http://127.0.0.1:{port}/"
+    with app_in_its_own_process() as (server, url):
         largest_accepted = digit_rgba(tmp_path / "accepted.png", int(uploads.APP_MAX_PIXELS ** 0.5))
         assert call(url, "predict", [uploaded(url, largest_accepted), *CONTROLS])[0] == "complete"  # warm
         start, _ = rss_mb(server.pid)
@@ -178,10 +166,6 @@ def test_100_hostile_requests_50_at_a_time_keep_memory_bounded_and_give_it_back(
         with concurrent.futures.ThreadPoolExecutor(50) as pool:
             events = list(pool.map(request, range(100)))
         after, peak = rss_mb(server.pid)
-    finally:
-        server.stdin.close()
-        server.terminate()
-        server.wait(timeout=60)
     assert events.count("complete") == 10 and events.count("error") == 90
     # At most CONCURRENCY_LIMIT requests decode at once, each at most APP_MAX_PIXELS (~244 MB for RGBA).
     assert peak - start < 1500, (start, peak, after)

@@ -113,19 +113,29 @@ def write_space(model: str | Path, out: str | Path, repo_id: str, revision: str 
     texts = {"app.py": SPACE_APP, SETTINGS_FILE: json.dumps(dataclasses.asdict(settings), indent=2) + "\n",
              "requirements.txt": requirements_text(),
              ModelDir.card: readme_text(repo_id, settings, model_repo, _licence(card))}  # a Space's card too
+    copies = {**source_files(), **{f"{MODEL_FOLDER}/{path.relative_to(model).as_posix()}": path for path in bundled}}
+    files = write_folder(out, copies, texts)
+    return WrittenSpace(out, settings, files)
+
+
+def write_folder(out: Path, copies: dict[str, Path], contents: dict[str, str | bytes]) -> list[str]:
+    """Write a Space folder: `copies` ({path inside: file to copy}), `contents` ({path inside:
+    text or bytes}) and MARKER_FILE listing them, all beside `out`, then swapped in (a failure
+    leaves `out` as it was) -> the paths written, sorted."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
     try:
-        files = [_copy(path, staging / target, staging) for target, path in source_files().items()]
-        files += [_copy(path, staging / MODEL_FOLDER / path.relative_to(model), staging) for path in bundled]
-        for name, text in texts.items():
-            (staging / name).write_text(text, encoding="utf-8")
-            files.append(name)
+        for name, source in copies.items():
+            _copy(source, staging / name)
+        for name, content in contents.items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        files = sorted([*copies, *contents])
         (staging / MARKER_FILE).write_text(_manifest(staging, files), encoding="utf-8")
         _replace_folder(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return WrittenSpace(out, settings, sorted(files))
+    return files
 
 
 def _check_out(out: Path, model_dir: Path | None) -> None:
@@ -228,10 +238,9 @@ def source_files() -> dict[str, Path]:
     return files
 
 
-def _copy(source: Path, target: Path, root: Path) -> str:
+def _copy(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)
-    return target.relative_to(root).as_posix()
 
 
 def _licence(card: Path | None) -> str:

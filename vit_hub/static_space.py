@@ -12,7 +12,7 @@ machine, and a static Space never sleeps. Maps of where the model looked need th
 ONNX Runtime Web comes from npm's registry once (its tarball checked against ORT_WEB_SHA512 and
 kept in the user's cache), or from a tarball `npm pack onnxruntime-web@VERSION` wrote. The
 folder is written as `space.write_space` writes one: beside `out`, then swapped in, replacing
-only a Space folder written here and unchanged since.
+only a Space folder written here and unchanged since (`space.write_folder`).
 """
 
 from __future__ import annotations
@@ -21,18 +21,16 @@ import base64
 import hashlib
 import json
 import os
-import shutil
 import tarfile
-import tempfile
 import urllib.request
 from pathlib import Path
 
 from .config import ViTConfig
 from .errors import UserError
-from .hub import _refuse_links_out, _replace_folder, check_model_dir, check_repo_id
+from .hub import _refuse_links_out, check_model_dir, check_repo_id
 from .layout import ExportLayout, ModelDir
 from .samples import BUNDLED_DIGITS, is_digit_model, kept_samples
-from .space import MARKER_FILE, WrittenSpace, SpaceSettings, _check_out, _copy, _licence, _manifest, _yaml
+from .space import SpaceSettings, WrittenSpace, _check_out, _licence, _yaml, write_folder
 
 ORT_WEB_VERSION = "1.30.0"
 ORT_WEB_TARBALL = f"https://registry.npmjs.org/onnxruntime-web/-/onnxruntime-web-{ORT_WEB_VERSION}.tgz"
@@ -63,26 +61,13 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
     title = repo_id.split("/")[1]
     described = {"title": title, "labels": config.labels, "digit": is_digit_model(config),
                  SAMPLES: [path.name for path in samples], "demo_url": _checked_url(demo_url)}  # the page reads them
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
-    try:
-        files = [_copy(PAGE / name, staging / name, staging) for name in PAGE_FILES]
-        files.append(_copy(graph, staging / STATIC_MODEL / graph.name, staging))
-        files += [_copy(path, staging / SAMPLES / path.name, staging) for path in samples]
-        for name, data in onnxruntime_web(ort_web).items():
-            (staging / "ort").mkdir(exist_ok=True)
-            (staging / "ort" / name).write_bytes(data)
-            files.append(f"ort/{name}")
-        texts = {f"{STATIC_MODEL}/model.json": json.dumps(described, indent=2) + "\n",
-                 ModelDir.card: _readme(title, _licence(ModelDir(model_dir).card))}
-        for name, text in texts.items():
-            (staging / name).write_text(text, encoding="utf-8")
-            files.append(name)
-        (staging / MARKER_FILE).write_text(_manifest(staging, files), encoding="utf-8")
-        _replace_folder(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return WrittenSpace(out, SpaceSettings(STATIC_MODEL, None, backend="browser"), sorted(files))
+    copies = {**{name: PAGE / name for name in PAGE_FILES}, f"{STATIC_MODEL}/{graph.name}": graph,
+              **{f"{SAMPLES}/{path.name}": path for path in samples}}
+    contents = {**{f"ort/{name}": data for name, data in onnxruntime_web(ort_web).items()},
+                f"{STATIC_MODEL}/model.json": json.dumps(described, indent=2) + "\n",
+                ModelDir.card: _readme(title, _licence(ModelDir(model_dir).card))}
+    files = write_folder(out, copies, contents)
+    return WrittenSpace(out, SpaceSettings(STATIC_MODEL, None, backend="browser"), files)
 
 
 def _model_files(model_dir: Path) -> tuple[Path, list[Path]]:
