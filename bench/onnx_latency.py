@@ -8,7 +8,7 @@ then times every contender interleaved, round after round, at batch 1 (latency) 
 256 (throughput), on two clocks: wall time and process CPU time (with --threads 1 the CPU
 clock is robust to other processes sharing the cores). Also times the model's Linear
 shapes alone in fp32 and int8: the most dynamic quantization can gain on this CPU.
-Prints a table, the ratios against the issue's targets and this command.
+Prints a table, the ratios against the speed targets and this command.
 Without --model (or when the folder has no weights) the `mnist` preset with random weights
 is timed, and its int8 accuracy means nothing.
 """
@@ -144,7 +144,7 @@ def table(results: dict[int, dict]) -> list[str]:
 
 
 def ratios(results: dict[int, dict], clock: str) -> dict[str, float]:
-    """The issue's speed targets, as measured on one clock ("wall_ms" or "cpu_ms")."""
+    """The speed targets, as measured on one clock ("wall_ms" or "cpu_ms")."""
     small, large = results[1], results[256]
 
     def ratio(times, numerator, denominator):

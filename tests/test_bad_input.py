@@ -151,7 +151,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    """W, the scratch folder of the issue, with its bad images."""
+    """W, a scratch folder with bad images of every kind."""
     scratch = tmp_path_factory.mktemp("W")
     (scratch / "notes.png").write_text("not an image")
     return {"huge": blank_png(scratch / "huge.png", 20_000, 20_000),  # 400 MP: PIL's own bomb error
@@ -197,7 +197,7 @@ def test_a_144_megapixel_image_is_refused_before_it_is_decoded(files, monkeypatc
     assert_one_line(str(error.value), "found 12000x12000")
 
 
-def test_the_issue_command_on_a_20000_pixel_png_exits_with_one_line(files):
+def test_predict_on_a_20000_pixel_png_exits_with_one_line(files):
     """`vit-hub predict --model models/vit-mnist W/huge.png` from the repo root, in a real process."""
     result = run_module("vit_hub", "predict", "--model", BUNDLED_MODEL, files["huge"])
     assert result.returncode == 2 and result.stdout == ""

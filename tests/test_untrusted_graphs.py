@@ -198,7 +198,7 @@ def test_a_sparse_2_gb_graph_is_refused_by_its_size_before_it_is_read(model_dir,
 
 
 def test_the_app_refuses_a_graph_bomb_at_start_in_one_line_with_bounded_memory(model_dir, tmp_path):
-    """The issue's case: a 3 KB model_attentions.onnx whose ConstantOfShape makes 13.4 GB took
+    """A 3 KB model_attentions.onnx whose ConstantOfShape makes 13.4 GB took
     app start past 4 GB."""
     nodes, _, _, _ = HOSTILE["ConstantOfShape of 13.4 GB"]
     folder = copy_of(model_dir, tmp_path)
@@ -308,7 +308,7 @@ def retrained(model_dir, tmp_path_factory) -> Path:
 
 
 def test_graphs_from_other_weights_are_refused_and_exporting_again_fixes_it(model_dir, retrained, tmp_path):
-    """Retrained weights beside the old graphs (the issue's stale pair served silently)."""
+    """Retrained weights beside the old graphs (a stale pair must not be served silently)."""
     folder = copy_of(model_dir, tmp_path)
     shutil.copy(retrained / "model.safetensors", folder / "model.safetensors")
     with pytest.raises(OnnxModelError) as error:

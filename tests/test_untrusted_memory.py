@@ -25,7 +25,7 @@ from vit_hub.demo import backends, page, uploads
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTROLS = ("mean", 0.0, 3, "rollout")
-HELD_MB = 100  # what the issue allows a burst to leave behind
+HELD_MB = 100  # what a burst may leave behind
 
 
 def resident_mb() -> int:
