@@ -44,7 +44,7 @@ from .evalset import EvalSet, check_labels, first_images, first_uploads, load_ev
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
 from .graph_check import WEIGHTS_SHA256, weights_sha256
-from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, pipeline_uploads,
+from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
 from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
 from .session import PRECISIONS
@@ -213,7 +213,7 @@ def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTCon
     """Write pipeline.onnx (and with fp16 its float16 copy) from the staged logits graph, tie it
     to the weights and check it against the Python path on uploads made from real images; a
     graph that disagrees is removed, not installed -> {file name: its section of the report}."""
-    uploads = pipeline_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
+    uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
     tolerances = {"fp32": PROBABILITY_TOLERANCE, "fp16": FP16_PROBABILITY_TOLERANCE}
     sections = {}
     for chosen in ("fp32", "fp16") if precision == "fp16" else ("fp32",):

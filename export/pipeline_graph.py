@@ -38,7 +38,7 @@ from vit_hub.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limit, preproce
 from .canonical_graph import centre_digit
 from .graph_builder import DOUBLE, FLOAT, UINT8, GraphBuilder
 from .graph_numpy import by_row_blocks, resample, resample_down, resample_pass, resample_window
-from .session import QUIET_RUN, quiet_session_options
+from .session import ORT_ERRORS, QUIET_RUN, quiet_session_options
 
 # Which decoded channels hold the colour, for 1 to 4 channels (the alpha is the last of 2 or 4).
 COLOUR_CHANNELS = np.array([[0, 0, 0], [0, 0, 0], [0, 1, 2], [0, 1, 2]])
@@ -264,34 +264,38 @@ def verify_pipeline(pipeline: Path, logits_graph: Path, config: ViTConfig, uploa
                     tolerance: float = PROBABILITY_TOLERANCE) -> dict[str, Any]:
     """pipeline.onnx against the Python path (`preprocess`, the logits graph, softmax) on each
     upload: the report's section for it, with a failure for any upload whose top label differs
-    (where the Python path's margin exceeds the tolerance) or whose probabilities differ by more."""
+    (where the Python path's margin exceeds the tolerance), whose probabilities differ by more,
+    or that one path refuses (no ink in a digit model) and the other answers."""
     graph, network = pipeline_session(pipeline), pipeline_session(logits_graph)
     rows, failures = [], []
     for name, image in uploads:
-        logits = network.run([GRAPH_LOGITS], {GRAPH_INPUT: preprocess(image, config)[None]}, QUIET_RUN)[0]
-        expected = softmax(logits, config.temperature)[0]
-        got = run_pipeline(graph, decoded_pixels(image))
-        difference = float(np.abs(expected - got).max())
-        ranked = np.sort(expected)[::-1]
-        label_differs = int(got.argmax()) != int(expected.argmax()) and ranked[0] - ranked[1] > tolerance
-        rows.append({"upload": name, "size": list(image.size), "mode": image.mode, "max_abs_diff": difference,
-                     "label": config.labels[int(expected.argmax())], "same_label": not label_differs})
-        if label_differs or difference > tolerance:
-            failures.append(f"{pipeline.name} on {name}: expected the Python path's probabilities within {tolerance:g} "
-                            f"and its label {config.labels[int(expected.argmax())]!r}, got {config.labels[int(got.argmax())]!r} "
-                            f"and a difference of {difference:.2g}")
+        row, failure = _compare(graph, network, image, config, tolerance)
+        rows.append({"upload": name, "size": list(image.size), "mode": image.mode, **row})
+        if failure:
+            failures.append(f"{pipeline.name} on {name}: {failure}")
     return {"uploads": len(rows), "tolerance_max_abs_diff": tolerance, "provider": "CPUExecutionProvider",
             "max_abs_diff": max(row["max_abs_diff"] for row in rows), "rows": rows, "failures": failures}
 
 
-def pipeline_uploads(images: list[Image.Image], config: ViTConfig) -> list[tuple[str, Image.Image]]:
-    """What an export checks its pipeline on, skipping uploads the Python path itself refuses
-    (a digit model refuses an image without ink: the graph's refusal is tested on its own)."""
-    kept = []
-    for name, image in verification_uploads(images, config):
+def _compare(graph: ort.InferenceSession, network: ort.InferenceSession, image: Image.Image, config: ViTConfig,
+             tolerance: float) -> tuple[dict[str, Any], str | None]:
+    """(a row of the report, what failed or None) for one upload."""
+    try:
+        pixel_values = preprocess(image, config)[None]
+    except canonical.EmptyImageError:
         try:
-            preprocess(image, config)
-        except canonical.EmptyImageError:
-            continue
-        kept.append((name, image))
-    return kept
+            run_pipeline(graph, decoded_pixels(image))
+        except ORT_ERRORS:
+            return {"max_abs_diff": 0.0, "label": None, "same_label": True, "refused": True}, None
+        return ({"max_abs_diff": 0.0, "label": None, "same_label": False, "refused": True},
+                "expected a refusal (no ink), as the Python path refuses it, got an answer")
+    expected = softmax(network.run([GRAPH_LOGITS], {GRAPH_INPUT: pixel_values}, QUIET_RUN)[0], config.temperature)[0]
+    got = run_pipeline(graph, decoded_pixels(image))
+    difference = float(np.abs(expected - got).max())
+    ranked = np.sort(expected)[::-1]
+    label_differs = int(got.argmax()) != int(expected.argmax()) and ranked[0] - ranked[1] > tolerance
+    row = {"max_abs_diff": difference, "label": config.labels[int(expected.argmax())], "same_label": not label_differs}
+    if not (label_differs or difference > tolerance):
+        return row, None
+    return row, (f"expected the Python path's probabilities within {tolerance:g} and its label {row['label']!r}, "
+                 f"got {config.labels[int(got.argmax())]!r} and a difference of {difference:.2g}")

@@ -252,3 +252,10 @@ def test_an_fp16_export_writes_and_checks_a_float16_pipeline(tmp_path):
     assert set(report) == {"pipeline.onnx", "pipeline_fp16.onnx"} and not report["pipeline_fp16.onnx"]["failures"]
     session = pipeline_graph.pipeline_session(tmp_path / "pipeline_fp16.onnx")
     assert run_pipeline(session, decoded_pixels(Image.open(SAMPLES[0]))).argmax() == 7
+
+
+def test_the_exports_check_counts_a_refusal_by_both_paths_as_agreement():
+    blank = Image.new("L", (60, 40), 225)
+    checked = pipeline_graph.verify_pipeline(MODEL_DIR / "pipeline.onnx", MODEL_DIR / "model.onnx", DIGIT_CONFIG,
+                                             [("blank page", blank), ("a digit", Image.open(SAMPLES[0]))])
+    assert not checked["failures"] and [row.get("refused", False) for row in checked["rows"]] == [True, False]
