@@ -79,6 +79,17 @@ def test_a_model_without_pipeline_onnx_names_the_export_command(tmp_path):
     assert not (tmp_path / "space").exists()
 
 
+def test_a_graph_too_large_for_a_page_is_refused_before_it_is_read(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (model / name).write_bytes((MODEL_DIR / name).read_bytes())
+    with open(model / "pipeline.onnx", "wb") as sparse:  # 2 GB on paper, nothing on disk
+        sparse.truncate(2**31)
+    with pytest.raises(UserError, match=r"^space --static: expected pipeline.onnx of at most 100 MB"):
+        write_static_space(model, tmp_path / "space", "me/digits", ORT_WEB)
+
+
 def test_the_cli_writes_it_and_says_what_it_wrote(tmp_path):
     done = subprocess.run([sys.executable, "-m", "vit_hub", "space", str(MODEL_DIR), "--repo-id", "me/digits", "--static",
                            "--dry-run", "--out", str(tmp_path / "space"), "--onnxruntime-web", str(ORT_WEB)],

@@ -30,7 +30,7 @@ from .errors import UserError
 from .hub import _refuse_links_out, check_model_dir, check_repo_id
 from .layout import ExportLayout, ModelDir
 from .samples import BUNDLED_DIGITS, is_digit_model, kept_samples
-from .space import SpaceSettings, WrittenSpace, _check_out, _licence, _yaml, write_folder
+from .space import MAX_BUNDLE_BYTES, SpaceSettings, WrittenSpace, _check_out, _licence, _yaml, write_folder
 
 ORT_WEB_VERSION = "1.30.0"
 ORT_WEB_TARBALL = f"https://registry.npmjs.org/onnxruntime-web/-/onnxruntime-web-{ORT_WEB_VERSION}.tgz"
@@ -78,6 +78,10 @@ def _model_files(model_dir: Path) -> tuple[Path, list[Path]]:
     if not layout.pipeline.is_file():
         raise FileNotFoundError(f"space --static: expected {layout.pipeline.name} in {model_dir}, found none; export "
                                 f"it first: python -m vit_hub.export --model {model_dir} --out {model_dir}")
+    size = layout.pipeline.stat().st_size
+    if size > MAX_BUNDLE_BYTES:
+        raise UserError(f"space --static: expected {layout.pipeline.name} of at most {MAX_BUNDLE_BYTES // 2**20} MB, "
+                        f"a page's download, got {size / 2**20:.0f} MB in {model_dir}")
     config = ViTConfig.from_json(ModelDir(model_dir).config)
     samples = kept_samples(model_dir) or (sorted(BUNDLED_DIGITS.glob("*.png")) if is_digit_model(config) else [])
     return layout.pipeline, samples
