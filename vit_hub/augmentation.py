@@ -60,6 +60,7 @@ def _box_masks(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 NO_BOX = (0, 0, 0, 0)
 GREY = np.array([0.299, 0.587, 0.114])  # luma weights of PIL's and torchvision's grayscale
+BRIGHTNESS, CONTRAST, SATURATION, HUE = range(4)  # colour_jitter's maps, in torchvision's numbering
 
 
 class TrainTransform:
@@ -179,25 +180,31 @@ def colour_jitter(image: Image.Image, brightness: float = 0.3, contrast: float =
     colour = image.mode == "RGB"
     means = np.asarray(ImageStat.Stat(image).mean)
     grey = GREY if colour else np.ones(1)
-    identity = np.eye(len(means))
-    matrix, offset = identity, np.zeros(len(means))
+    amounts = [*factors, turn]  # by operation: BRIGHTNESS, CONTRAST, SATURATION, HUE
+    matrix, offset = np.eye(len(means)), np.zeros(len(means))
     for operation in order:
-        shift = 0.0
-        if operation == 0:
-            step = factors[0] * identity
-        elif operation == 1:
-            step, shift = factors[1] * identity, (1 - factors[1]) * grey @ (matrix @ means + offset)
-        elif operation == 2 and colour:
-            step = factors[2] * identity + (1 - factors[2]) * np.outer(np.ones(3), GREY)
-        elif operation == 3 and colour:
-            step = _hue_turn(2 * np.pi * turn)
-        else:
+        if not colour and operation in (SATURATION, HUE):
             continue  # saturation and hue leave a grey image as it is
+        step, shift = _colour_step(operation, amounts[operation], grey, matrix @ means + offset)
         matrix, offset = step @ matrix, step @ offset + shift
     if colour:
         return image.convert("RGB", tuple(np.concatenate([matrix, offset[:, None]], axis=1).ravel().tolist()))
     table = np.clip(np.round(matrix[0, 0] * np.arange(256) + offset[0]), 0, 255).astype(np.uint8)
     return image.point(table.tolist())
+
+
+def _colour_step(operation: int, amount: float, grey: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray | float]:
+    """One of ColorJitter's maps as (matrix, shift): colour -> matrix @ colour + shift. `amount`:
+    the drawn factor (the turn, for HUE); `grey`: the weights that make a colour grey ([1] for
+    "L"); `mean`: the image's mean colour after the maps applied before this one."""
+    identity = np.eye(len(grey))
+    if operation == BRIGHTNESS:
+        return amount * identity, 0.0
+    if operation == CONTRAST:  # towards the mean grey
+        return amount * identity, (1 - amount) * grey @ mean
+    if operation == SATURATION:  # towards each pixel's grey
+        return amount * identity + (1 - amount) * np.outer(np.ones(len(grey)), grey), 0.0
+    return _hue_turn(2 * np.pi * amount), 0.0
 
 
 def _hue_turn(angle: float) -> np.ndarray:
