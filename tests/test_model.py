@@ -286,6 +286,65 @@ def test_logits_differentiate_with_respect_to_the_returned_attentions(pooling):
         torch.testing.assert_close(gradient, expected)
 
 
+# Blocks and the whole forward against plain torch (no timm) ---------------------------------------
+def layer_norm(norm: nn.LayerNorm, tokens: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(tokens, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def reference_block(block, tokens: torch.Tensor) -> torch.Tensor:
+    """A pre-norm block from its own weights: x + attention(LN(x)), then that + MLP(LN(that))."""
+    attended, _ = reference_attention(block.attention, layer_norm(block.attention_norm, tokens))
+    tokens = tokens + attended
+    fc1, fc2 = block.mlp.fc1, block.mlp.fc2
+    hidden = torch.nn.functional.gelu(layer_norm(block.mlp_norm, tokens) @ fc1.weight.T + fc1.bias)
+    return tokens + hidden @ fc2.weight.T + fc2.bias
+
+
+def reference_forward(model: VisionTransformer, pixels: torch.Tensor) -> torch.Tensor:
+    """Logits of a plain-patch ViT from its weights: patches as a strided convolution, the class
+    token before them, positions on the patches, the blocks, LayerNorm, pooling, head."""
+    config, conv = model.config, model.patch_embedding.to_tokens
+    patches = torch.nn.functional.conv2d(pixels, conv.weight, conv.bias, stride=config.patch_size)  # [B, D, h, w]
+    patches = patches.flatten(2).transpose(1, 2) + model.pos_embedding  # [B, N, D]
+    tokens = torch.cat([model.cls_token.expand(len(pixels), -1, -1), patches], dim=1)  # [B, T, D]
+    for block in model.blocks:
+        tokens = reference_block(block, tokens)
+    tokens = layer_norm(model.norm, tokens)
+    pooled = tokens[:, 0] if config.pooling == "cls" else tokens[:, 1:].mean(dim=1)  # mean: the patches only
+    return pooled @ model.head.weight.T + model.head.bias
+
+
+@pytest.mark.parametrize("locality", [False, True])
+def test_block_adds_attention_then_mlp_to_its_input_as_a_plain_torch_reference_does(locality):
+    block = randomized(VisionTransformer(**tiny_config(locality_attention=locality))).blocks[0]
+    tokens = torch.randn(3, 17, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for output_attentions in (False, True):  # the fused and the explicit attention path
+            out, _ = block(tokens, output_attentions)
+            torch.testing.assert_close(out, reference_block(block, tokens), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_forward_equals_a_plain_torch_reference_of_the_whole_model(pooling):
+    model = randomized(VisionTransformer(**tiny_config(pooling=pooling)))
+    pixels = images(3, 3, 16, 16)
+    with torch.no_grad():
+        expected = reference_forward(model, pixels)
+        torch.testing.assert_close(model(pixels).logits, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(pixels, output_attentions=True).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_mean_pooling_averages_the_patch_tokens_and_leaves_out_the_class_token():
+    """A features-only model (no head) outputs its pooled features: the mean of tokens 1..N."""
+    model = randomized(VisionTransformer(**tiny_config(pooling="mean", labels=None, num_classes=0)))
+    pixels = images(2, 3, 16, 16)
+    with torch.no_grad():
+        tokens, _ = model.forward_features(pixels)  # [B, 1 + N, D], token 0 the class token
+        pooled = model(pixels).logits  # [B, D]
+    torch.testing.assert_close(pooled, tokens[:, 1:].mean(dim=1), atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(pooled, tokens.mean(dim=1), atol=1e-3)  # the class token would move the mean
+
+
 # Patch embedding, positions, stochastic depth -------------------------------------------------
 def test_conv_stem_halves_the_image_down_to_the_patch_grid():
     model = VisionTransformer(**tiny_config(image_size=[16, 32], patch_size=[4, 8], patch_embedding="convstem"))

@@ -373,6 +373,22 @@ def test_push_refuses_a_file_linked_out_of_the_model_dir(hub, model_dir, tmp_pat
     assert hub.commits == [] and "secret" not in stderr
 
 
+def test_push_refuses_weights_linked_out_of_the_model_dir_even_when_they_fit_the_config(hub, model_dir, tmp_path):
+    """model.safetensors linked to another model's weights (same shapes, valid safetensors): every
+    check of the file itself passes, so only the link check stands between them and the Hub."""
+    private = tmp_path / "private" / "model.safetensors"
+    VisionTransformer(**tiny_config()).save_pretrained(private.parent)
+    folder = shutil.copytree(model_dir, tmp_path / "model")
+    (folder / ModelDir.weights).unlink()
+    (folder / ModelDir.weights).symlink_to(private)
+    code, stderr = run_vit_hub("push", "--model", folder, "--repo-id", HUB_REPO)
+    assert code == 2
+    assert_one_line(stderr, f"found {ModelDir.weights}, a link leading out")
+    with pytest.raises(HubError, match="a link leading out"):
+        push_to_hub(folder, HUB_REPO)
+    assert hub.commits == []
+
+
 def test_push_follows_a_link_that_stays_inside_the_model_dir(hub, model_dir, tmp_path):
     folder = shutil.copytree(model_dir, tmp_path / "model")
     (folder / "plots").mkdir()
