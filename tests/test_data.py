@@ -17,9 +17,13 @@ from vit_hub import augmentation, batches, folders
 from vit_hub.augmentation import TrainTransform, resolve_augment
 from vit_hub.batches import EvalTransform, Transformed, make_loader
 from vit_hub.config import ViTConfig
-from vit_hub.data import compute_mean_std, describe_images, load_splits, stratified_split, targets_of
+from vit_hub.data import DataSplits, compute_mean_std, describe_images, load_splits, stratified_split, targets_of
+from vit_hub.distributed import Runtime
 from vit_hub.errors import DataError
+from vit_hub.loaders import RunLoaders, build_loaders
 from vit_hub.preprocess import preprocess, preprocess_batch
+from vit_hub.schedule import Schedule
+from vit_hub.settings import TrainSettings
 
 LABELS = sorted(CLASSES)
 
@@ -541,6 +545,55 @@ def test_sampler_keys_name_the_epoch_and_the_index():
     sampler.set_epoch(3)
     keys = list(sampler)
     assert sorted(key - 30 for key in keys) == list(range(10))
+
+
+# A run's loaders: a new order every epoch, a disjoint evaluation shard per process -------------------
+class Numbered(torch.utils.data.Dataset):
+    """`size` small gray images, each labelled with its own index: the labels a loader gives say
+    which images it read, and in which order."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        return Image.new("L", (16, 16), index), index
+
+
+def numbered_run_loaders(monkeypatch, seed: int = 3, rank: int = 0, world_size: int = 1) -> RunLoaders:
+    """The loaders `build_loaders` gives process `rank` of `world_size` for 24 training and 7
+    validation images (global batch 8, no workers)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # build_loaders then leaves torch's threads as they are
+    splits = DataSplits(train=Numbered(24), val=Numbered(7), test=None, labels=LABELS, source="numbered")
+    settings = TrainSettings(data="numbered", out="unused", augment="none", num_workers=0, seed=seed)
+    schedule = Schedule(epochs=3, batch_size=8, peak_lr=1e-3, warmup_epochs=0.0, steps_per_epoch=3)
+    runtime = Runtime(torch.device("cpu"), rank=rank, world_size=world_size)
+    return build_loaders(settings, runtime, identity_config(channels=1), splits, schedule)
+
+
+def training_order(loaders: RunLoaders, epoch: int) -> list[int]:
+    return [index for _, labels, _ in loaders.epoch(epoch) for index in labels.tolist()]
+
+
+def test_every_epoch_trains_on_a_new_order_and_the_seed_alone_decides_it(monkeypatch):
+    loaders = numbered_run_loaders(monkeypatch, seed=3)
+    orders = [training_order(loaders, epoch) for epoch in range(3)]
+    assert all(sorted(order) == list(range(24)) for order in orders)
+    assert orders[0] != orders[1] and orders[1] != orders[2] and orders[0] != orders[2]
+    again = numbered_run_loaders(monkeypatch, seed=3)
+    assert [training_order(again, epoch) for epoch in (2, 0, 1)] == [orders[2], orders[0], orders[1]]
+    assert training_order(numbered_run_loaders(monkeypatch, seed=4), 0) != orders[0]
+
+
+def test_each_process_evaluates_its_own_shard_and_together_they_cover_every_image_once(monkeypatch):
+    """Under DDP each process scores its shard and the counts are summed: shards that overlap
+    would count some images twice and others never."""
+    shards = [[index for _, labels in numbered_run_loaders(monkeypatch, rank=rank, world_size=2).eval_loader("val")
+               for index in labels.tolist()] for rank in range(2)]
+    assert sorted(shards[0] + shards[1]) == list(range(7))
+    assert len(shards[0]) == 4 and len(shards[1]) == 3
 
 
 # Training's two halves: uint8 from the workers, finished on the device ----------------------------------
