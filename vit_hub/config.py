@@ -275,63 +275,70 @@ class ViTConfig:
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        check_fields(self)  # every field's type, choices and range, as declared above
+        check_fields(self)  # each field alone: its type, choices and range, as declared above
+        self._check_numbers()  # the ranges of the float fields
+        self._normalise()  # the JSON-native form a config.json holds
+        self._check_normalised()  # what the fields must be together
+
+    def _check_numbers(self) -> None:
+        """The ranges of the float fields, on the values as given (so a message shows what was given)."""
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"temperature: expected a positive number, got {self.temperature}")
+        hidden = self.embed_dim * float(self.mlp_ratio)
+        if not (math.isfinite(hidden) and 1 <= int(hidden) <= MAX_HIDDEN):
+            raise ConfigError(f"mlp_ratio: expected a positive ratio (hidden width embed_dim x mlp_ratio from 1 to "
+                             f"{MAX_HIDDEN:,}), got {float(self.mlp_ratio)}")
+        for name in ("dropout", "attention_dropout", "drop_path"):
+            rate = float(getattr(self, name))
+            if not 0.0 <= rate < 1.0:
+                raise ConfigError(f"{name}: expected a rate in [0, 1), got {rate}")
+        if not 0.0 < self.layer_norm_eps < 1.0:
+            raise ConfigError(f"layer_norm_eps: expected a small positive number, got {self.layer_norm_eps}")
+
+    def _normalise(self) -> None:
+        """The JSON-native form: sizes as [height, width], one float per channel for mean and std
+        (0.5 where not given), floats, and labels and num_classes that fill in each other."""
         self.image_size = _pair(self.image_size, "image_size")
         self.patch_size = _pair(self.patch_size, "patch_size")
+        self.mean = _floats(0.5 if self.mean is None else self.mean, "mean", self.in_channels)
+        self.std = _floats(0.5 if self.std is None else self.std, "std", self.in_channels)
+        for name in ("mlp_ratio", "dropout", "attention_dropout", "drop_path", "temperature"):
+            setattr(self, name, float(getattr(self, name)))
+        if self.labels is not None:
+            self.labels = list(self.labels)
+        if self.num_classes is None:
+            self.num_classes = 1000 if self.labels is None else len(self.labels)
+        if self.labels is None:
+            self.labels = [str(i) for i in range(self.num_classes)]
+
+    def _check_normalised(self) -> None:
+        """What the fields must be together: patches that tile the image, heads that split the
+        width, a stem that fits the patches, one label per class, positive stds."""
         for size, patch, axis in zip(self.image_size, self.patch_size, ("height", "width")):
             if size % patch:
-                raise ConfigError(
-                    f"image {axis} {size} is not divisible by patch {axis} {patch}"
-                )
+                raise ConfigError(f"image {axis} {size} is not divisible by patch {axis} {patch}")
         if self.num_patches > MAX_PATCHES:
             raise ConfigError(f"image_size {self.image_size} / patch_size {self.patch_size}: expected at most "
                              f"{MAX_PATCHES:,} patches, found {size_text(self.grid_size)}")
         if self.embed_dim % self.num_heads:
-            raise ConfigError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
-            )
+            raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.patch_embedding == "convstem" and not convstem_fits(self.patch_size):
             raise ConfigError(f"patch_embedding convstem: expected patch sides that are powers of two "
                              f"(each convolution halves the image), got patch_size {self.patch_size}")
-        self._resolve_labels()
-        self.mean = _floats(0.5 if self.mean is None else self.mean, "mean", self.in_channels)
-        self.std = _floats(0.5 if self.std is None else self.std, "std", self.in_channels)
+        self._check_labels()
         if min(self.std) <= 0:
             raise ConfigError(f"std: expected positive values, got {self.std}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ConfigError(f"temperature: expected a positive number, got {self.temperature}")
-        self.temperature = float(self.temperature)
-        self.mlp_ratio = float(self.mlp_ratio)
-        hidden = self.embed_dim * self.mlp_ratio
-        if not (math.isfinite(hidden) and 1 <= int(hidden) <= MAX_HIDDEN):
-            raise ConfigError(f"mlp_ratio: expected a positive ratio (hidden width embed_dim x mlp_ratio from 1 to "
-                             f"{MAX_HIDDEN:,}), got {self.mlp_ratio}")
-        for name in ("dropout", "attention_dropout", "drop_path"):
-            value = float(getattr(self, name))
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"{name}: expected a rate in [0, 1), got {value}")
-            setattr(self, name, value)
-        if not 0.0 < self.layer_norm_eps < 1.0:
-            raise ConfigError(f"layer_norm_eps: expected a small positive number, got {self.layer_norm_eps}")
 
-    def _resolve_labels(self) -> None:
-        if self.labels is not None:
-            self.labels = list(self.labels)
-            if len(self.labels) > MAX_CLASSES:
-                raise ConfigError(f"labels: expected at most {MAX_CLASSES:,}, found {len(self.labels):,}")
-            repeated = sorted(label for label, count in collections.Counter(self.labels).items() if count > 1)
-            if repeated:  # a prediction "x 0.91, x 0.01" would name no class
-                raise ConfigError(f"labels: expected a different name for each class, found {_shown(repeated)} "
-                                  f"more than once")
-            if self.num_classes is not None and self.num_classes != len(self.labels):
-                raise ConfigError(
-                    f"num_classes {self.num_classes} does not match the {len(self.labels)} labels given"
-                )
-            self.num_classes = len(self.labels)
-        if self.num_classes is None:
-            self.num_classes = 1000
-        if self.labels is None:
-            self.labels = [str(i) for i in range(self.num_classes)]
+    def _check_labels(self) -> None:
+        """At most MAX_CLASSES labels, a different one for each class."""
+        if len(self.labels) > MAX_CLASSES:
+            raise ConfigError(f"labels: expected at most {MAX_CLASSES:,}, found {len(self.labels):,}")
+        repeated = sorted(label for label, count in collections.Counter(self.labels).items() if count > 1)
+        if repeated:  # a prediction "x 0.91, x 0.01" would name no class
+            raise ConfigError(f"labels: expected a different name for each class, found {_shown(repeated)} "
+                              f"more than once")
+        if self.num_classes != len(self.labels):
+            raise ConfigError(f"num_classes {self.num_classes} does not match the {len(self.labels)} labels given")
 
     # Derived quantities --------------------------------------------------------------
     @property
