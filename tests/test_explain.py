@@ -133,7 +133,7 @@ def test_pixel_attributions_pass_gives_the_images_own_logits_attentions_and_atte
     assert gradients.abs().sum() > 0
 
 
-def test_the_patch_embedding_hook_is_removed_even_on_error():
+def test_embedding_attributions_leave_no_hook_on_the_model_even_on_error():
     model = tiny_model()
     with pytest.raises(RuntimeError):
         embedding_attributions(model, torch.randn(1, 1, 16, 16), class_index=7)  # no class 7
@@ -172,9 +172,9 @@ def test_with_context_ranks_what_ig_credits_first_then_the_rest_by_the_context_m
     assert list(order) == [0, 1, 3, 2]  # the credited patches, then the negative one the context ranks above the empty one
 
 
-def test_the_embedding_hook_leaves_other_forward_passes_alone():
-    """While embedding_attributions' hook is on the model (the app serves requests at once),
-    a forward pass of other pixels gets its own embeddings."""
+def test_embedding_attributions_leave_other_forward_passes_alone():
+    """While embedding_attributions runs the model from its path of embeddings (the app serves
+    requests at once), a forward pass of other pixels gets its own embeddings."""
     model = tiny_model()
     other = torch.from_numpy(pixels_of(1, seed=5))
     with torch.no_grad():
@@ -184,7 +184,7 @@ def test_the_embedding_hook_leaves_other_forward_passes_alone():
 
     def head_with_a_second_request(features):
         calls.append(True)
-        if len(calls) == 2:  # the second head call is the hooked pass along the path
+        if len(calls) == 2:  # the second head call is the pass along the path
             with torch.no_grad():
                 seen.append(model(other).logits)
         return original(features)

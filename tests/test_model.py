@@ -125,6 +125,27 @@ def test_forward_features_gives_every_token_and_the_head_reads_them(pooling):
     assert len(attentions) == 2 and attentions[-1].shape == (2, 2, 17, 17)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_forward_from_patches_runs_forward_on_the_embeddings_it_is_given(pooling):
+    """embed_patches then forward_from_patches is forward, and other embeddings (points between
+    two images', for integrated gradients) give what forward gives when the patch embedding
+    layer outputs them: logits and attentions, at a size other than the trained one too."""
+    model = randomized(VisionTransformer(**tiny_config(pooling=pooling)))
+    pixels = images(2, 3, 16, 24)
+    with torch.no_grad():
+        patches, grid = model.embed_patches(pixels)
+        other = patches.flip(0) * 0.5
+        handle = model.patch_embedding.register_forward_hook(lambda *_: other)
+        expected = model(pixels, output_attentions=True)
+        handle.remove()
+        got = model.forward_from_patches(other, grid, output_attentions=True)
+        logits = model.forward_from_patches(other, grid).logits  # the class-token-only last block, with cls
+    assert patches.shape == (2, 24, 16) and grid == (4, 6)
+    torch.testing.assert_close(got.logits, expected.logits, atol=0, rtol=0)
+    torch.testing.assert_close(torch.stack(got.attentions), torch.stack(expected.attentions), atol=0, rtol=0)
+    torch.testing.assert_close(logits, expected.logits, atol=1e-5, rtol=1e-5)
+
+
 def test_learned_positions_are_unchanged_at_the_trained_size():
     model = VisionTransformer(**tiny_config())
     assert model._positions(4, 4) is model.pos_embedding

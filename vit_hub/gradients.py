@@ -3,12 +3,12 @@ the attention weights, the pixels or the patch embeddings. Every map is [B, grid
 scaled to [0, 1] (NumPy float32), higher where a patch supports the class more.
 
 The attention weights the model returns are in the autograd graph (model.py), so their
-gradients are one `torch.autograd.grad` call. The embedding method swaps the output of
-`model.patch_embedding` for points on the straight path from the blank image's embeddings
-(`blanking.blank_pixels`) to the image's, and reads the gradient there: one batched forward and
-backward pass for all the steps. The registry (`vit_hub.attribution.METHODS`) names the
-methods; `vit_hub.explain.explain` runs any of them. Which measures how faithful is in
-BENCHMARKS.md ("How faithful each method is").
+gradients are one `torch.autograd.grad` call. The embedding method runs the model from its
+patch embeddings on (`VisionTransformer.forward_from_patches`), at points on the straight path
+from the blank image's embeddings (`blanking.blank_pixels`) to the image's, and reads the
+gradient there: one batched forward and backward pass for all the steps. The registry
+(`vit_hub.attribution.METHODS`) names the methods; `vit_hub.explain.explain` runs any of them.
+Which measures how faithful is in BENCHMARKS.md ("How faithful each method is").
 """
 
 from __future__ import annotations
@@ -93,23 +93,14 @@ def embedding_attributions(model: Any, pixel_values: Any, class_index: Any = Non
     alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps if integrated else torch.ones(1)
     with torch.no_grad():
         intact, attentions = model(pixels, output_attentions=True)
-        embeddings = model.patch_embedding(pixels)  # [B, N, D]
-        start = model.patch_embedding(blank)  # [1, N, D]
+        embeddings, grid = model.embed_patches(pixels)  # [B, N, D]
+        start, _ = model.embed_patches(blank)  # [1, N, D]
     path = (start + alphas[:, None, None, None] * (embeddings - start)).reshape(-1, *embeddings.shape[1:])
     path.requires_grad_(True)  # [S * B, N, D]: step-major
-    repeated = pixels.repeat(len(alphas), 1, 1, 1)
-    # The hook swaps the output for this call's input only (the same tensor object reaches the
-    # patch embedding): forward passes of other requests running meanwhile (the app serves
-    # several at once) keep their own embeddings.
-    handle = model.patch_embedding.register_forward_hook(
-        lambda _module, inputs, _output: path if inputs[0] is repeated else None)
-    try:
-        with torch.enable_grad():
-            logits = model(repeated).logits  # [S * B, classes]
-            targets = _targets(intact, class_index).repeat(len(alphas), 1)
-            (gradient,) = torch.autograd.grad(logits.gather(1, targets).sum(), path)
-    finally:
-        handle.remove()
+    with torch.enable_grad():
+        logits = model.forward_from_patches(path, grid).logits  # [S * B, classes]
+        targets = _targets(intact, class_index).repeat(len(alphas), 1)
+        (gradient,) = torch.autograd.grad(logits.gather(1, targets).sum(), path)
     mean_gradient = gradient.reshape(len(alphas), batch, *embeddings.shape[1:]).mean(0)  # [B, N, D]
     attributions = ((embeddings - start) * mean_gradient).sum(-1)  # [B, N]
     return intact, torch.stack(attentions), attributions

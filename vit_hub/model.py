@@ -353,41 +353,51 @@ class VisionTransformer(nn.Module):
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False) -> ViTOutput:
         """ViTOutput: logits [B, num_classes], and with output_attentions the attention weights
         of every block, a tuple of depth tensors [B, heads, T, T] (else None)."""
+        return self.forward_from_patches(*self.embed_patches(pixel_values), output_attentions)
+
+    def embed_patches(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Images [B, C, H, W], checked -> (their patch embeddings [B, N, D], the grid
+        (grid_h, grid_w) of the N patches): the first step of `forward`."""
+        self.check_input(pixel_values)
+        grid = (pixel_values.shape[-2] // self.config.patch_size[0], pixel_values.shape[-1] // self.config.patch_size[1])
+        return self.patch_embedding(pixel_values), grid
+
+    def forward_from_patches(self, patches: torch.Tensor, grid: tuple[int, int],
+                             output_attentions: bool = False) -> ViTOutput:
+        """`forward` from patch embeddings [B, N, D] on a grid (as `embed_patches` gives them) on:
+        integrated gradients on the embeddings (gradients.py) feeds it points between two images'."""
         # With class-token pooling the head reads the class token alone, so the last block
         # computes only that token: its MLP runs on 1 token instead of T and its attention has
         # 1 query instead of T. The logits and gradients are the same at a fraction of the
         # last block's cost. Attention maps need every row: then the last block runs whole.
         class_token_only = self.config.pooling == "cls" and not output_attentions
-        tokens, attentions = self._encode(pixel_values, output_attentions, 1 if class_token_only else None)
+        tokens, attentions = self._encode(patches, grid, output_attentions, 1 if class_token_only else None)
         return ViTOutput(self.forward_head(tokens), attentions)
 
     def forward_features(self, pixel_values: torch.Tensor,
                          output_attentions: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Images -> (every token after the final LayerNorm [B, T, D], token 0 the class token;
         with output_attentions the attentions as `forward` returns them, else None)."""
-        return self._encode(pixel_values, output_attentions, last_queries=None)
+        return self._encode(*self.embed_patches(pixel_values), output_attentions, last_queries=None)
 
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         """Tokens [B, T, D] (or the class token alone, [B, 1, D]) -> logits [B, num_classes]."""
         pooled = features[:, 0] if self.config.pooling == "cls" else features[:, 1:].mean(dim=1)  # [B, D]
         return self.head(self.pre_logits(pooled))
 
-    def _embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Images [B, C, H, W] -> the tokens the first block reads [B, T, D]: the class token,
-        then the patches with their positions."""
-        self.check_input(pixel_values)
-        grid_h = pixel_values.shape[-2] // self.config.patch_size[0]
-        grid_w = pixel_values.shape[-1] // self.config.patch_size[1]
-        patches = self.patch_embedding(pixel_values) + self._positions(grid_h, grid_w)  # [B, N, D]
+    def _tokens(self, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Patch embeddings [B, N, D] -> the tokens the first block reads [B, T, D]: the class
+        token, then the patches with their positions."""
+        patches = patches + self._positions(*grid)  # [B, N, D]
         cls = self.cls_token if self.cls_position is None else self.cls_token + self.cls_position
         cls = cls.expand(patches.shape[0], -1, -1)  # [B, 1, D]
         return self.embedding_dropout(torch.cat([cls, patches], dim=1))  # [B, T, D]
 
-    def _encode(self, pixel_values: torch.Tensor, output_attentions: bool,
+    def _encode(self, patches: torch.Tensor, grid: tuple[int, int], output_attentions: bool,
                 last_queries: int | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Images -> (tokens after the final LayerNorm, attentions or None). The last block
+        """Patch embeddings -> (tokens after the final LayerNorm, attentions or None). The last block
         computes only the first `last_queries` tokens ([B, Q, D]; None: all of them, [B, T, D])."""
-        x = self._embed(pixel_values)
+        x = self._tokens(patches, grid)
         attentions = []
         for index, block in enumerate(self.blocks):
             is_last = index == len(self.blocks) - 1
