@@ -18,6 +18,7 @@ the same export command after a retrain is all it takes to bring them back in st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -137,15 +138,12 @@ def _remove_stale(*paths: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = DEFAULT_OPSET,
-                output_attentions: bool = False, exporter: str = DEFAULT_EXPORTER, quantize: str | None = None,
-                calib_data: str | None = None, data_root: str | None = None,
-                eval_limit: int | None = None, precision: str = "fp32") -> Path:
-    """Export, verify and report; returns the path of the logits graph.
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    """What `export_onnx` writes and how it measures it, checked when made: each bad value is a
+    one-line UserError naming its flag.
 
     Args:
-        model: a model dir, a Hub repo id, or a loaded VisionTransformer.
-        out: a folder (gets model.onnx) or a path ending in .onnx.
         opset: ONNX opset to write (checked in the written file).
         output_attentions: also write `<stem>_attentions.onnx` with an `attentions` output.
         exporter: "torchscript" (default, faster graph here) or "dynamo".
@@ -157,66 +155,97 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, *, opset: int = 
         precision: "fp32", or "fp16" to also write float16 copies of the graphs for the CUDA
             provider (`model_fp16.onnx`, ...; see half.py), verified and measured.
     """
-    _check_options(exporter, opset, quantize, precision, eval_limit)
+
+    opset: int = DEFAULT_OPSET
+    output_attentions: bool = False
+    exporter: str = DEFAULT_EXPORTER
+    quantize: str | None = None
+    calib_data: str | None = None
+    data_root: str | None = None
+    eval_limit: int | None = None
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        check_export_options(self.exporter, self.opset)
+        if self.quantize is not None and self.quantize not in QUANTIZATIONS:
+            raise UserError(f"--quantize: expected one of {', '.join(QUANTIZATIONS)}, got {self.quantize!r}")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.eval_limit is not None and self.eval_limit < 1:
+            raise UserError(f"--eval-limit: expected a positive number of images, got {self.eval_limit}")
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The precisions each graph is written in: fp32, and fp16 beside it when asked for."""
+        return ("fp32", "fp16") if self.precision == "fp16" else ("fp32",)
+
+
+def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) -> Path:
+    """Export, verify and report; returns the path of the logits graph.
+
+    Args:
+        model: a model dir, a Hub repo id, or a loaded VisionTransformer.
+        out: a folder (gets model.onnx) or a path ending in .onnx.
+        options: the fields of `ExportOptions` (opset, output_attentions, exporter, quantize,
+            calib_data, data_root, eval_limit, precision), checked before any work.
+    """
+    options = ExportOptions(**options)
     reference, model, weights = _resolve_model(model)
     layout = ExportLayout.for_output(out)
     layout.folder.mkdir(parents=True, exist_ok=True)
-    eval_set = load_eval_set(calib_data or DEFAULT_REAL_DATA, model.config, data_root)
-    if quantize:
+    eval_set = load_eval_set(options.calib_data or DEFAULT_REAL_DATA, model.config, options.data_root)
+    if options.quantize:
         check_labels(eval_set, model.config)  # before any work: int8 accuracy needs the model's classes
     inputs = _parity_inputs(model.config, eval_set)
 
-    report = _report_header(reference, exporter, opset, eval_set)
     with _staging(layout) as staged:
         write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
-        report["graphs"] = _write_verified_graphs(model, staged, weights, inputs, output_attentions=output_attentions,
-                                                  precision=precision, opset=opset, exporter=exporter)
-        report["pipeline"] = _write_verified_pipelines(staged, weights, model.config, eval_set, precision)
-        if quantize:
-            quantize_int8(staged.logits, staged.int8)
-            tie_to_weights(staged.int8, weights)
-            report["graphs"][staged.int8.name] = check_file(staged.int8, opset, [GRAPH_LOGITS])
-            report["quantization"] = measure_int8(staged.logits, staged.int8, eval_set, eval_limit)
-        if precision == "fp16":
-            report["fp16"] = measure_fp16(staged.logits, staged.in_precision(staged.logits, "fp16"), eval_set, eval_limit)
+        graphs = _write_verified_graphs(model, staged, weights, inputs, options)
+        pipelines = _write_verified_pipelines(staged, weights, model.config, eval_set, options.precisions)
+        measured = {}
+        if options.quantize:
+            graphs[staged.int8.name], measured["quantization"] = _write_measured_int8(staged, weights, eval_set, options)
+        if options.precision == "fp16":
+            measured["fp16"] = measure_fp16(staged.logits, staged.in_precision(staged.logits, "fp16"), eval_set,
+                                            options.eval_limit)
+        report = {**_report_header(reference, options, eval_set), "graphs": graphs, "pipeline": pipelines, **measured}
         staged.report.write_text(json.dumps(report, indent=2) + "\n")
         _remove_stale(*(path for path in (*layout.onnx_files, layout.int8)
                         if path.suffix == ".onnx" and not (staged.folder / path.name).is_file()))
         _install(staged, layout, model.config)
 
-    sections = [*report["graphs"].values(), *report["pipeline"].values()]
-    failures = [failure for section in sections for failure in section.get("failures", [])]
+    failures = [failure for section in (*graphs.values(), *pipelines.values()) for failure in section.get("failures", [])]
     if failures:
         raise VerificationError(f"export verification failed: {'; '.join(failures)} (report: {layout.report})")
     return layout.logits
 
 
-def _write_verified_graphs(model: nn.Module, staged: ExportLayout, weights: str, inputs: dict[str, np.ndarray], *,
-                           output_attentions: bool, precision: str, opset: int, exporter: str) -> dict[str, Any]:
+def _write_verified_graphs(model: nn.Module, staged: ExportLayout, weights: str, inputs: dict[str, np.ndarray],
+                           options: ExportOptions) -> dict[str, Any]:
     """Write the logits graph (the attentions graph too, and with fp16 a float16 copy of each),
     tie each to the weights and verify it -> {file name: its section of the report}."""
     sections = {}
-    graphs = [(staged.logits, False)] + ([(staged.attentions, True)] if output_attentions else [])
+    graphs = [(staged.logits, False)] + ([(staged.attentions, True)] if options.output_attentions else [])
     for path, with_attentions in graphs:
-        write_graph(model, path, output_attentions=with_attentions, opset=opset, exporter=exporter)
+        write_graph(model, path, output_attentions=with_attentions, opset=options.opset, exporter=options.exporter)
         tie_to_weights(path, weights)
-        sections[path.name] = verify_graph(model, path, opset, inputs, with_attentions)
-        if precision == "fp16":
+        sections[path.name] = verify_graph(model, path, options.opset, inputs, with_attentions)
+        if options.precision == "fp16":
             half = convert_to_fp16(path, staged.in_precision(path, "fp16"))
             tie_to_weights(half, weights)
-            sections[half.name] = verify_graph(model, half, opset, inputs, with_attentions, FP16_TOLERANCES)
+            sections[half.name] = verify_graph(model, half, options.opset, inputs, with_attentions, FP16_TOLERANCES)
     return sections
 
 
 def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTConfig, eval_set: EvalSet,
-                              precision: str) -> dict[str, Any]:
+                              precisions: tuple[str, ...]) -> dict[str, Any]:
     """Write pipeline.onnx (and with fp16 its float16 copy) from the staged logits graph, tie it
     to the weights and check it against the Python path on uploads made from real images; a
     graph that disagrees is removed, not installed -> {file name: its section of the report}."""
     uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
     tolerances = {"fp32": PROBABILITY_TOLERANCE, "fp16": FP16_PROBABILITY_TOLERANCE}
     sections = {}
-    for chosen in ("fp32", "fp16") if precision == "fp16" else ("fp32",):
+    for chosen in precisions:
         target = staged.in_precision(staged.pipeline, chosen)
         write_pipeline(staged.in_precision(staged.logits, chosen), target, config)
         tie_to_weights(target, weights)
@@ -226,26 +255,25 @@ def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTCon
     return sections
 
 
-def _check_options(exporter: str, opset: int, quantize: str | None, precision: str, eval_limit: int | None) -> None:
-    """The flags, before any work: each bad one is a one-line UserError naming it."""
-    check_export_options(exporter, opset)
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise UserError(f"--quantize: expected one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
-    if precision not in PRECISIONS:
-        raise UserError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if eval_limit is not None and eval_limit < 1:
-        raise UserError(f"--eval-limit: expected a positive number of images, got {eval_limit}")
+def _write_measured_int8(staged: ExportLayout, weights: str, eval_set: EvalSet,
+                         options: ExportOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Quantize the staged logits graph to int8, tie it to the weights and check it -> (its
+    section of the report's graphs, its accuracy and speed beside fp32's)."""
+    quantize_int8(staged.logits, staged.int8)
+    tie_to_weights(staged.int8, weights)
+    return (check_file(staged.int8, options.opset, [GRAPH_LOGITS]),
+            measure_int8(staged.logits, staged.int8, eval_set, options.eval_limit))
 
 
-def _report_header(reference: str, exporter: str, opset: int, eval_set: EvalSet) -> dict[str, Any]:
+def _report_header(reference: str, options: ExportOptions, eval_set: EvalSet) -> dict[str, Any]:
+    """What the graphs came from and how they are checked: the report's first keys."""
     return {
         "model": reference,
-        "exporter": exporter, "opset": opset,
+        "exporter": options.exporter, "opset": options.opset,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
         "parity": {"tolerances_max_abs_diff": TOLERANCES, "batches": list(PARITY_BATCHES),
                    "random_input": "standard normal pixel_values, seed 0",
                    "real_input": f"first {max(PARITY_BATCHES)} images of {eval_set.description}",
                    "provider": "as OnnxClassifier's 'auto' picks here, exact (CUDA with use_tf32=0); "
                                "each parity row names it"},
-        "graphs": {},
     }
