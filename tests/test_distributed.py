@@ -165,7 +165,7 @@ vdata.index_image_folder = index_image_folder
 model = dict(embed_dim=16, depth=1, num_heads=2, image_size=16, patch_size=4)
 trainer = build_trainer(TrainSettings(data=sys.argv[1], out=sys.argv[2], device="cpu", num_workers=0, batch_size=8,
                                 epochs=1, model=model, seed=3))
-print(f"rank {os.environ['RANK']}: {len(trainer.splits.train)} training images, mean {trainer.config.mean}", flush=True)
+print(f"rank {os.environ['RANK']}: {len(trainer.data.splits.train)} training images, mean {trainer.plan.config.mean}", flush=True)
 dist.destroy_process_group()
 """
 

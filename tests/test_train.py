@@ -542,7 +542,7 @@ def test_the_same_seed_gives_the_same_model_with_or_without_loader_workers(image
 def test_evaluation_inputs_equal_preprocess_exactly(split_image_folder, tmp_path):
     trainer = build_trainer(tiny_settings(split_image_folder, tmp_path / "out", num_workers=2))
     images = torch.cat([batch for batch, _ in trainer.loaders.eval_loader("test")])
-    expected = [torch.from_numpy(preprocess(path, trainer.config)) for path, _ in trainer.splits.test.samples]
+    expected = [torch.from_numpy(preprocess(path, trainer.plan.config)) for path, _ in trainer.data.splits.test.samples]
     assert images.dtype == torch.float32 and torch.equal(images, torch.stack(expected))
 
 

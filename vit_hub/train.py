@@ -58,6 +58,26 @@ from .storage import write_text_atomically
 EPOCH_SEED_STRIDE = 100_003
 
 
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """The data a run reads: its splits, the unreadable files met in them, and what the data
+    looked like when it chose the config."""
+
+    splits: vdata.DataSplits
+    unreadable: UnreadableReport
+    stats: vdata.ImageStats | None = None  # what chose the config, when the data did
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What a run trains and for how long: the model's config, the schedule, and the
+    pretrained weights a fine-tuning run starts from."""
+
+    config: ViTConfig
+    schedule: Schedule
+    start: PretrainedStart | None = None
+
+
 @dataclasses.dataclass
 class Trainer:
     """A run, set up (by `build_trainer`) and ready to train: `run()` trains its epochs."""
@@ -65,17 +85,13 @@ class Trainer:
     settings: TrainSettings
     out: ModelDir  # where the run writes: settings.out, or the folder a resumed run was found in
     runtime: Runtime
-    splits: vdata.DataSplits
-    config: ViTConfig
-    schedule: Schedule
+    data: RunData
+    plan: RunPlan
     model: VisionTransformer  # the bare model: saved, evaluated, checkpointed
     step: TrainStep  # runs the model as compiled and wrapped for DDP
     loaders: RunLoaders
     progress: Progress
-    unreadable: UnreadableReport
     flops_per_image: float  # one training image, forward and backward
-    start: PretrainedStart | None = None  # the pretrained weights a fine-tuning run started from
-    data_stats: vdata.ImageStats | None = None  # what chose the config, when the data did
     best_model: VisionTransformer | None = None  # once the run has finished: its kept epoch, evaluated
 
     def run(self, stop_after_epochs: int | None = None) -> dict[str, Any]:
@@ -84,7 +100,7 @@ class Trainer:
             raise TrainingError(f"--stop-after-epochs: expected a positive number of epochs, got {stop_after_epochs}")
         if self.runtime.is_main:
             self._prepare_out()
-        epochs = self.schedule.epochs
+        epochs = self.plan.schedule.epochs
         first = self.progress.epochs_done
         last = epochs if stop_after_epochs is None else min(epochs, first + stop_after_epochs)
         resume_hint = f"vit-hub train --resume --out {self.out.folder}"
@@ -106,8 +122,8 @@ class Trainer:
     def _prepare_out(self) -> None:
         """The model dir exists, says what the run started from, and is resumable from the start."""
         self.out.folder.mkdir(parents=True, exist_ok=True)
-        if self.start:  # the card says what the run started from
-            record = dict(self.start.source, kind="fine-tuned")
+        if self.plan.start:  # the card says what the run started from
+            record = dict(self.plan.start.source, kind="fine-tuned")
             write_text_atomically(self.out.source, json.dumps(record, indent=2) + "\n")
         elif not self.settings.init:  # a run from scratch --overwrite-ing a fine-tuned one
             self.out.source.unlink(missing_ok=True)
@@ -117,21 +133,21 @@ class Trainer:
 
     def _announce(self) -> None:
         """The log's first lines: the data, the input choice, the start, the model, the run, the step."""
-        lines = [run_report.data_line(self.splits, self.config)]
-        colour = self.data_stats.colour if self.data_stats else None
+        lines = [run_report.data_line(self.data.splits, self.plan.config)]
+        colour = self.data.stats.colour if self.data.stats else None
         if colour is not None and self.settings.model.get("in_channels") is None:
             lines.append(f"input: {colour.describe()}")
-        if self.start:
-            lines.append(f"init: {describe(self.start.source)}")
-        lines += [run_report.model_line(self.model, self.config),
-                  run_report.training_line(self.schedule, self.runtime, self.loaders.train_loader.num_workers),
+        if self.plan.start:
+            lines.append(f"init: {describe(self.plan.start.source)}")
+        lines += [run_report.model_line(self.model, self.plan.config),
+                  run_report.training_line(self.plan.schedule, self.runtime, self.loaders.train_loader.num_workers),
                   run_report.step_line(self.step, self.flops_per_image),
                   f"weights kept: {self.progress.selection.reason}"]
         print("\n".join(lines))
 
     def _train_epoch(self, epoch: int) -> dict[str, Any]:
         """One pass over the training split; the epoch's record (loss, accuracy, speed)."""
-        device, schedule = self.runtime.device, self.schedule
+        device, schedule = self.runtime.device, self.plan.schedule
         torch.manual_seed(self.settings.seed * EPOCH_SEED_STRIDE + epoch)
         self.step.network.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -142,7 +158,7 @@ class Trainer:
                    total=schedule.steps_per_epoch, disable=not self.runtime.is_main, leave=False,
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs: a line every 30 s
         for step_in_epoch, (pixels, labels, boxes) in enumerate(bar):
-            self.unreadable.report()
+            self.data.unreadable.report()
             lr = schedule.lr_at(epoch * schedule.steps_per_epoch + step_in_epoch)
             self.step.set_lr(lr)
             # uint8 pixels from the workers (pinned on CUDA), normalised and erased on the device
@@ -160,7 +176,7 @@ class Trainer:
         elapsed = time.perf_counter() - started
         totals = all_reduce(torch.stack([loss_sum, correct.double(),
                                          torch.tensor(seen, dtype=torch.float64, device=device)]), self.runtime)
-        self.unreadable.report(gather=True)
+        self.data.unreadable.report(gather=True)
         return self._epoch_record(epoch, totals, lr, elapsed)
 
     def _epoch_record(self, epoch: int, totals: torch.Tensor, lr: float, elapsed: float) -> dict[str, Any]:
@@ -182,7 +198,7 @@ class Trainer:
             return {}
         # The bare model, not the DDP wrapper: shards may differ in batch count by one.
         result = evaluate(self.model, self.loaders.eval_loader("val"), self.runtime.device,
-                          self.config.num_classes, self.runtime)
+                          self.plan.config.num_classes, self.runtime)
         return {"val_loss": result["loss"], "val_accuracy": result["accuracy"]}
 
     def _check_finite(self, record: dict[str, Any]) -> None:
@@ -197,7 +213,7 @@ class Trainer:
             raise TrainingError(
                 f"epoch {record['epoch']}: expected a finite loss, got {', '.join(bad)}; stopped without saving "
                 f"this epoch ({self.out.folder} keeps the checkpoint after epoch {record['epoch'] - 1}); "
-                f"try a lower --lr than {self.schedule.peak_lr:g}"
+                f"try a lower --lr than {self.plan.schedule.peak_lr:g}"
             )
 
     def _end_epoch(self, record: dict[str, Any]) -> None:
@@ -212,7 +228,7 @@ class Trainer:
 
     def _save_checkpoint(self) -> None:
         state = {**self.progress.state(), "settings": dataclasses.asdict(self.settings),
-                 "config": self.config.to_dict()}
+                 "config": self.plan.config.to_dict()}
         save_checkpoint(self.out.checkpoint, self.model, self.step.optimizer, state)
 
     def _metrics(self) -> dict[str, Any]:
@@ -220,7 +236,7 @@ class Trainer:
             "history": self.progress.history,
             "best_val_accuracy": self.progress.best_accuracy,
             "kept": self.progress.kept(),
-            "epochs": self.schedule.epochs,
+            "epochs": self.plan.schedule.epochs,
             "settings": dataclasses.asdict(self.settings),
             "hardware": run_report.hardware(self.runtime, self.step.amp_dtype),
         }
@@ -233,16 +249,16 @@ class Trainer:
         """Kept weights back in, evaluated on validation and test side by side (a test split
         far below validation is reported); metrics and plots written, `best_model` set."""
         barrier(self.runtime)  # rank 0 has written the kept weights; everyone loads them
-        best = self.best_model = load_kept_model(self.config, self.out, self.runtime.device)
+        best = self.best_model = load_kept_model(self.plan.config, self.out, self.runtime.device)
         results = {name: evaluate(best, self.loaders.eval_loader(name), self.runtime.device,
-                                  self.config.num_classes, self.runtime)
+                                  self.plan.config.num_classes, self.runtime)
                    for name in ("val", "test") if name in self.loaders.eval_sets}
-        self.unreadable.report(gather=True)
+        self.data.unreadable.report(gather=True)
         final = final_evaluation(results)
         if self.runtime.is_main:
             self._write_metrics(final)
-            run_report.write_figures(self.out, self.progress.history, results, self.config.labels)
-            run_report.print_summary(self.out.folder, final, self.progress, self.unreadable.summary())
+            run_report.write_figures(self.out, self.progress.history, results, self.plan.config.labels)
+            run_report.print_summary(self.out.folder, final, self.progress, self.data.unreadable.summary())
         return {**self._metrics(), **final}
 
 
@@ -333,5 +349,7 @@ def build_trainer(settings: TrainSettings, resume: bool = False, resume_flags: d
     loaders = build_loaders(settings, runtime, config, splits, schedule)
     step = build_step(model, optimizer, runtime, settings.compile, schedule.total_steps,
                       settings.label_smoothing, settings.grad_clip)
-    return Trainer(settings, ModelDir(out), runtime, splits, config, schedule, model, step, loaders, progress,
-                   UnreadableReport(splits, runtime), flops, start, data_stats)
+    data = RunData(splits=splits, unreadable=UnreadableReport(splits, runtime), stats=data_stats)
+    plan = RunPlan(config=config, schedule=schedule, start=start)
+    return Trainer(settings=settings, out=ModelDir(out), runtime=runtime, data=data, plan=plan, model=model,
+                   step=step, loaders=loaders, progress=progress, flops_per_image=flops)

@@ -86,5 +86,5 @@ def write_views_and_card(trainer: Trainer) -> None:
     calibrate(trainer)
     views_after_training(trainer.best_model, trainer.out.folder, validation)
     if validation is not None:  # the images as they were read, before preprocessing
-        write_samples(validation.dataset, trainer.config.labels, trainer.out.folder)
+        write_samples(validation.dataset, trainer.plan.config.labels, trainer.out.folder)
     write_model_card(trainer.out.folder)
