@@ -18,7 +18,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/activate
 
 # The Node example's pinned packages (tests/test_node_example.py runs it), without the CUDA
 # libraries onnxruntime-node would otherwise download; onnxruntime-web's npm tarball, which
-# tests/test_static_space.py vendors into a static Space (vit_hub.static_space.ORT_WEB_VERSION).
+# tests/test_static_space.py vendors into a static Space (vit_hub.hub.static_space.ORT_WEB_VERSION).
 $(VENV)/.installed-dev: requirements-dev.txt examples/node/package-lock.json $(VENV)/.installed
 	$(BIN)/pip install -q -r requirements-dev.txt
 	cd examples/node && ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci --no-audit --no-fund --loglevel=error

@@ -50,8 +50,8 @@ from gradio_client import Client, handle_file  # noqa: E402
 
 from vit_hub.demo import backends, methods, pictures, uploads  # noqa: E402
 from vit_hub.demo.server import DEFAULT_MODEL  # noqa: E402
-from vit_hub.preprocess import model_pixels, to_model_domain  # noqa: E402
-from vit_hub.rollout import layer_rollouts  # noqa: E402
+from vit_hub.processing.preprocess import model_pixels, to_model_domain  # noqa: E402
+from vit_hub.explain.rollout import layer_rollouts  # noqa: E402
 
 # The floor: the app's launch settings around an endpoint that does nothing.
 ECHO_SERVER = """
@@ -66,9 +66,9 @@ page.serve(demo, port=int(sys.argv[1]))
 # The floor of /predict: the app's inputs and launch settings around a constant answer.
 BARE_SERVER = """
 import sys, gradio as gr
-from vit_hub.attribution import METHODS
+from vit_hub.explain.attribution import METHODS
 from vit_hub.demo import methods, page
-from vit_hub.rollout import HEAD_FUSIONS
+from vit_hub.explain.rollout import HEAD_FUSIONS
 with gr.Blocks(analytics_enabled=False) as demo:
     image = gr.Image(type="filepath")
     controls = [gr.Radio(list(HEAD_FUSIONS), value="mean"), gr.Slider(0.0, 0.95, value=0.0),

@@ -46,7 +46,7 @@ LABEL_PATTERN = re.compile(r"_label_(\d)\.")
 # Generation --------------------------------------------------------------------------------
 def mnist_test_digits(seed: int) -> list[tuple[Image.Image, int]]:
     """PER_DIGIT handwritten digits of each class from the bundled MNIST test split, seeded."""
-    from vit_hub.data import load_splits
+    from vit_hub.data.sources import load_splits
 
     test = load_splits("mnist", val_split=0.0).test
     labels = np.asarray(test.targets)

@@ -20,12 +20,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vit_hub import data as vdata
-from vit_hub.augmentation import TrainTransform
-from vit_hub.batches import EvalTransform, Transformed, make_loader
-from vit_hub.config import ViTConfig
-from vit_hub.model import VisionTransformer
-from vit_hub.step import parameter_groups
+from vit_hub.data import sources as vdata
+from vit_hub.data.augmentation import TrainTransform
+from vit_hub.data.batches import EvalTransform, Transformed, make_loader
+from vit_hub.model.config import ViTConfig
+from vit_hub.model.vit import VisionTransformer
+from vit_hub.train.step import parameter_groups
 
 VARIANTS = {
     "conv": dict(augment="none", patch_embedding="conv"),

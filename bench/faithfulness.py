@@ -13,8 +13,8 @@ predicts on the intact image. Then:
   ms/img         the method's CPU time for one image at batch 1 (forward pass included; median
                  of `--timing-images`, one thread).
 
-"Blank" is `vit_hub.blanking.blank_pixels`: black paper for a digit model, the training
-set's mean colour for a colour model. Rows: every method in `vit_hub.attribution.METHODS` and
+"Blank" is `vit_hub.explain.blanking.blank_pixels`: black paper for a digit model, the training
+set's mean colour for a colour model. Rows: every method in `vit_hub.explain.attribution.METHODS` and
 in bench/other_methods.py (measured for comparison, not offered by the app), integrated
 gradients at other step counts, the peers captum (integrated gradients on the
 pixels, 32 steps) and pytorch-grad-cam (Grad-CAM on the last block), both from
@@ -43,13 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # marked_objects, othe
 from marked_objects import object_map  # noqa: E402
 from other_methods import OTHER_METHODS  # noqa: E402
 
-from vit_hub.attribution import METHODS, Method  # noqa: E402
-from vit_hub.blanking import blank_patches, blank_pixels  # noqa: E402
-from vit_hub.data import load_splits  # noqa: E402
-from vit_hub.explain import explain  # noqa: E402
-from vit_hub.preprocess import preprocess_batch  # noqa: E402
-from vit_hub.pretrained import load_model  # noqa: E402
-from vit_hub.rollout import scale_maps  # noqa: E402
+from vit_hub.explain.attribution import METHODS, Method  # noqa: E402
+from vit_hub.explain.blanking import blank_patches, blank_pixels  # noqa: E402
+from vit_hub.data.sources import load_splits  # noqa: E402
+from vit_hub.explain.run import explain  # noqa: E402
+from vit_hub.processing.preprocess import preprocess_batch  # noqa: E402
+from vit_hub.hub.pretrained import load_model  # noqa: E402
+from vit_hub.explain.rollout import scale_maps  # noqa: E402
 
 POINTS = 21  # points on each curve: every 5 % of the patches
 MapFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (pixels [B, C, H, W], classes [B]) -> [B, h, w]

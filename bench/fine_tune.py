@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.shifted_sets import make_shapes_tiny  # noqa: E402
-from vit_hub.importing import import_model  # noqa: E402
-from vit_hub.pretrained import load_model  # noqa: E402
+from vit_hub.hub.import_model import import_model  # noqa: E402
+from vit_hub.hub.pretrained import load_model  # noqa: E402
 
 # The pretrained architecture: a plain ViT timm can hold (no shifted patches, no conv stem, no
 # locality attention, dataset mean/std rather than per-image normalisation).
@@ -151,8 +151,8 @@ def final_accuracy(metrics: dict) -> dict:
 def run_with_layer_decay(decay: float, argv: list[str]) -> int:
     """`vit-hub` with layer-wise learning-rate decay: each block's rate is the next one's times
     `decay` (head and final norm at the full rate, the patch embedding and positions lowest).
-    Done by replacing vit_hub.step's parameter groups and AdamW in this process only."""
-    import vit_hub.step as training
+    Done by replacing vit_hub.train.step's parameter groups and AdamW in this process only."""
+    import vit_hub.train.step as training
     from vit_hub.cli import main as cli_main
 
     def parameter_groups(model, weight_decay: float) -> list[dict]:

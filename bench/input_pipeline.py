@@ -9,10 +9,10 @@ augmentation (random-resized crop of 50-100 % of the area, horizontal flip, colo
 0.3/0.3/0.3/0.1, RandAugment 2 ops at magnitude 9, random erasing with p 0.25), batches as the
 training step receives them (normalised float32 [B, 3, 224, 224] on the device, here the CPU):
 
-  * before: vit_hub/data.py as of commit 3875729 (read with `git show` into a temporary
+  * before: vit_hub/data/sources.py as of commit 3875729 (read with `git show` into a temporary
     module): every worker decodes, augments with torchvision's transforms on PIL images,
     normalises in NumPy and sends float32 tensors.
-  * now: vit_hub.augmentation and vit_hub.batches: uint8 tensors from the workers, colour jitter as one affine colour map,
+  * now: vit_hub.data.augmentation and vit_hub.data.batches: uint8 tensors from the workers, colour jitter as one affine colour map,
     normalisation and erasing in the step (`ModelInput`).
   * timm: `timm.data.create_loader` with the same crop, flip, RandAugment ('rand-m9-n2'),
     erasing (re_prob 0.25, const) and colour jitter, which timm drops when RandAugment is on
@@ -50,9 +50,10 @@ from PIL import Image, ImageDraw
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from vit_hub import augmentation, batches  # noqa: E402
-from vit_hub import data as vdata  # noqa: E402
-from vit_hub.config import ViTConfig  # noqa: E402
+from vit_hub.data import augmentation  # noqa: E402
+from vit_hub.data import batches
+from vit_hub.data import sources as vdata  # noqa: E402
+from vit_hub.model.config import ViTConfig  # noqa: E402
 
 BEFORE = "3875729"  # the commit whose loader the current one replaced
 SIZE = 224
@@ -60,9 +61,9 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def old_data_module():
-    """vit_hub/data.py as of BEFORE, run as the module vit_hub._data_before (its relative imports
+    """vit_hub/data/sources.py as of BEFORE, run as the module vit_hub._data_before (its relative imports
     resolve against today's package: config, colour and preprocess)."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE}:vit_hub/data.py"], capture_output=True,
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE}:vit_hub/data/sources.py"], capture_output=True,
                             text=True, check=True).stdout
     # today's normalize takes channels-first pixels ([..., C, H, W]); the old loader gave it HxWxC
     source = source.replace("from .preprocess import normalize,", "from .preprocess import channels_first, normalize,")
@@ -72,7 +73,7 @@ def old_data_module():
     module.__package__ = "vit_hub"
     module.__file__ = vdata.__file__  # BUNDLED_MNIST: the package folder
     sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"{BEFORE}:vit_hub/data.py", "exec"), module.__dict__)
+    exec(compile(source, f"{BEFORE}:vit_hub/data/sources.py", "exec"), module.__dict__)
     return module
 
 
@@ -196,12 +197,12 @@ def time_loaders(loaders, rounds: int, batches: int, batch: int) -> dict[str, li
 
 def step_rate(batch: int, steps: int) -> tuple[float, float]:
     """The vit_hub model's training steps on random tensors, one thread: (img/s, GFLOP/s)."""
-    from vit_hub.pretrained import VisionTransformer
-    from vit_hub.flops import training_flops
-    from vit_hub.step import parameter_groups
+    from vit_hub.hub.pretrained import HubVisionTransformer
+    from vit_hub.model.flops import training_flops
+    from vit_hub.train.step import parameter_groups
 
     torch.manual_seed(0)
-    model = VisionTransformer(**config().to_dict()).train()
+    model = HubVisionTransformer(**config().to_dict()).train()
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=1e-3, fused=True)
     images, labels = torch.randn(batch, 3, SIZE, SIZE), torch.randint(0, 10, (batch,))
 

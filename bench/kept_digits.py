@@ -15,10 +15,10 @@ import time
 import torch
 from torch.utils.data import Subset
 
-from vit_hub.augmentation import TrainTransform
-from vit_hub.batches import SeededAugmentation
-from vit_hub.config import PRESETS, ViTConfig
-from vit_hub.data import load_splits
+from vit_hub.data.augmentation import TrainTransform
+from vit_hub.data.batches import SeededAugmentation
+from vit_hub.model.config import PRESETS, ViTConfig
+from vit_hub.data.sources import load_splits
 
 
 def per_sample_ms(dataset: SeededAugmentation, epoch: int) -> float:

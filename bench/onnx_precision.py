@@ -38,8 +38,8 @@ from vit_hub.export import OnnxClassifier, export_onnx  # noqa: E402
 from vit_hub.export.session import CUDA  # noqa: E402
 from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS  # noqa: E402
 from vit_hub.export.timing import machine_load, time_interleaved  # noqa: E402
-from vit_hub.config import PRESETS  # noqa: E402
-from vit_hub.pretrained import VisionTransformer, load_model  # noqa: E402
+from vit_hub.model.config import PRESETS  # noqa: E402
+from vit_hub.hub.pretrained import HubVisionTransformer, load_model  # noqa: E402
 
 CUDA_ONLY = ("torch tf32", "torch bf16", "ort fp32 on device", "ort fp16 on device", "torch bf16 on device")
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = (load_model(args.model) if args.model else VisionTransformer(**PRESETS[args.preset])).to(device).eval()
+    model = (load_model(args.model) if args.model else HubVisionTransformer(**PRESETS[args.preset])).to(device).eval()
     batches = [int(batch) for batch in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as folder:
         export_onnx(model.cpu(), folder, precision="fp16", eval_limit=256)  # verified, or it raises

@@ -1,5 +1,5 @@
 """Explanation methods kept for comparison only: bench/faithfulness.py measures them beside
-vit_hub's own (`vit_hub.attribution.METHODS`), the app does not offer them.
+vit_hub's own (`vit_hub.explain.attribution.METHODS`), the app does not offer them.
 
 Each needs gradients, so the torch model, and each measured worse than integrated gradients +
 gradient rollout (`integrated_gradients_rollout`) on every faithfulness benchmark: deletion and
@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from vit_hub.attribution import Method
-from vit_hub.gradients import (
+from vit_hub.explain.attribution import Method
+from vit_hub.explain.gradients import (
     Explained, _check_gradients, attention_gradients, embedding_attributions, gradient_rollout, patch_grid,
     pixel_attributions,
 )
-from vit_hub.rollout import _grid, _readout, as_numpy, scale_maps
+from vit_hub.explain.rollout import _grid, _readout, as_numpy, scale_maps
 
 
 def attention_gradient(attentions: Any, gradients: Any, grid_size: tuple[int, int] | None = None,
@@ -46,7 +46,7 @@ def attention_gradient(attentions: Any, gradients: Any, grid_size: tuple[int, in
     return scale_maps(sum(_readout(layer, pooling) for layer in weighted).reshape(batch, grid_h, grid_w))
 
 
-# Compute functions, as vit_hub.attribution.Method wants them for a method that needs gradients:
+# Compute functions, as vit_hub.explain.attribution.Method wants them for a method that needs gradients:
 # (model, pixels [B, C, H, W], class_index, steps) -> Explained. None of these follows a path, so
 # steps is unused.
 def _gradient_rollout(model: Any, pixels: Any, class_index: Any, _steps: int) -> Explained:

@@ -47,7 +47,7 @@ from vit_hub.export.pipeline_graph import decoded_pixels, run_pipeline  # noqa: 
 from vit_hub.export.runtime import OnnxClassifier  # noqa: E402
 from vit_hub.export.session import QUIET_RUN, quiet_session_options  # noqa: E402
 from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, ExportLayout  # noqa: E402
-from vit_hub.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image, preprocess  # noqa: E402
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image, preprocess  # noqa: E402
 
 NODE_EXAMPLE = ROOT / "examples" / "node"
 
@@ -126,7 +126,7 @@ def timings(model: Path, paths: list[Path], repeats: int) -> dict[str, float]:
 
 def score_mnist(model: Path) -> None:
     """MNIST test accuracy through the Python path and through pipeline.onnx, and their agreement."""
-    from vit_hub.data import load_splits
+    from vit_hub.data.sources import load_splits
 
     test = load_splits("mnist", None).split("test")
     classifier, session = OnnxClassifier(model, providers="cpu", threads=1), graph_session(model)

@@ -21,7 +21,7 @@ Every image is scored four ways:
             channels (bench only, never used by vit_hub);
             both trained here (seeded, on the CPU, the same recipe) on the bundled MNIST training
             split canonicalised as the ViT's config says (`to_model_domain`, `model_pixels`),
-            and fed each dev image through `vit_hub.preprocess.preprocess`, the pipeline
+            and fed each dev image through `vit_hub.processing.preprocess.preprocess`, the pipeline
             /predict uses.
 A refusal (the app's gr.Error, such as "blank image", or a ValueError of preprocess) counts
 as wrong and is also counted as refused. Printed: a Markdown table per writer with totals
@@ -57,10 +57,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # app.py and bench/ live at the top level
 
 from bench.digit_uploads import live_app, top_labels  # noqa: E402
-from vit_hub.config import ViTConfig  # noqa: E402
+from vit_hub.model.config import ViTConfig  # noqa: E402
 from vit_hub.console import OneLineErrorParser, run_reporting_errors  # noqa: E402
-from vit_hub.postprocess import softmax  # noqa: E402
-from vit_hub.preprocess import model_pixels, preprocess, to_model_domain  # noqa: E402
+from vit_hub.processing.postprocess import softmax  # noqa: E402
+from vit_hub.processing.preprocess import model_pixels, preprocess, to_model_domain  # noqa: E402
 from vit_hub.storage import replacing  # noqa: E402
 
 GROUPS = ("photo", "painted")
@@ -252,7 +252,7 @@ def references(config: ViTConfig, cache: Path, epochs: int, seed: int) -> dict[s
     cached; MNIST is canonicalised once, and only if a reference has to be trained."""
     from safetensors.torch import load_file, safe_open, save_file
 
-    from vit_hub.data import load_splits
+    from vit_hub.data.sources import load_splits
 
     splits = load_splits("mnist", val_split=0.0)
     fingerprint = pixels_fingerprint(splits.train, config)
@@ -396,7 +396,7 @@ def main() -> None:
     args = parser.parse_args()
 
     def run() -> None:
-        from vit_hub.pretrained import load_model
+        from vit_hub.hub.pretrained import load_model
 
         images = dev_images(args.dev)
         config = load_model(args.model).config

@@ -123,8 +123,8 @@ def train_resnet(data: str, out: Path, epochs: int, batch_size: int, image_size:
     from torch.utils.data import DataLoader
     from torchvision.models import resnet18
 
-    from vit_hub.batches import default_workers
-    from vit_hub.data import load_splits
+    from vit_hub.data.batches import default_workers
+    from vit_hub.data.sources import load_splits
 
     torch.manual_seed(seed)
     splits = load_splits(data, val_split=VAL_SPLIT, seed=seed)
@@ -207,9 +207,9 @@ def chosen_budget(run: Path, log: Path) -> dict:
 def default_budget(data: Path) -> dict:
     """Epochs, batch size and input size that vit_hub's defaults choose for `data`, computed
     without training (for a ResNet row run without the defaults row)."""
-    from vit_hub import schedule
-    from vit_hub.config import suggest_for_data
-    from vit_hub.data import describe_images, load_splits
+    from vit_hub.train import schedule
+    from vit_hub.model.config import suggest_for_data
+    from vit_hub.data.sources import describe_images, load_splits
 
     train_split = load_splits(str(data), val_split=VAL_SPLIT).train
     stats = describe_images(train_split)

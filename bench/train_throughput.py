@@ -5,7 +5,7 @@
     python bench/train_throughput.py --device cuda --amp bf16 --configs vit-s16   # on a GPU
 
 One training step = forward, label-smoothed cross entropy, backward, gradient clipping and an
-AdamW step (what `vit_hub.step.TrainStep` does), on synthetic tensors (no data loading). Both models
+AdamW step (what `vit_hub.train.step.TrainStep` does), on synthetic tensors (no data loading). Both models
 are timed in the same process, in alternating rounds of `--steps` steps (the order flips every
 round), so machine noise hits both alike; medians and ratios are reported.
 
@@ -38,8 +38,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vit_hub.config import PRESETS  # noqa: E402
-from vit_hub.model import VisionTransformer  # noqa: E402
+from vit_hub.model.config import PRESETS  # noqa: E402
+from vit_hub.model.vit import VisionTransformer  # noqa: E402
 
 # The mnist preset with ViT's plain conv patch embedding and learned positions: timm has no
 # shifted patch tokenization. The preset as shipped (shifted patches, fixed sin-cos

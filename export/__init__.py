@@ -19,7 +19,7 @@ from importlib import import_module
 _LAZY = {
     "OnnxClassifier": ".runtime", "OnnxModelError": ".graph_check", "ProviderFallbackError": ".session",
     "ExportLayout": "vit_hub.layout",
-    "export_onnx": ".pipeline", "ensure_graphs": ".on_demand", "open_exporting": ".on_demand",
+    "export_onnx": ".export_model", "ensure_graphs": ".on_demand", "open_exporting": ".on_demand",
     "VerificationError": ".verify",
     "quantize_int8": ".quantize",
 }

@@ -11,7 +11,7 @@ from vit_hub.console import OneLineErrorParser, run_reporting_errors
 from vit_hub.layout import ExportLayout
 
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
-from .pipeline import export_onnx
+from .export_model import export_onnx
 from .quantize import QUANTIZATIONS
 from .session import PRECISIONS
 from .verify import VerificationError

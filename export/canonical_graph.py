@@ -1,4 +1,4 @@
-"""`vit_hub.canonical`'s digit canonicalisation as ONNX operators, for `pipeline.onnx`.
+"""`vit_hub.processing.canonical`'s digit canonicalisation as ONNX operators, for `pipeline.onnx`.
 
 Each function here is the one of the same name in canonical.py, step for step and with its
 constants, so the two can be read side by side; `graph_numpy` stands in for what canonical.py
@@ -15,16 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vit_hub import canonical as c
+from vit_hub.processing import canonical as c
 
-from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder
-from .graph_numpy import (EIGHT, FOUR, as_double, block_reduce, by_label, ceil_div, count_pieces, dilate, dims, disk, erode,
-                          fill_holes, grid, label, masked_mean_std, masked_median, median, percentile, reduce_mean,
-                          resample, vector)
-
-
-def f64(g: GraphBuilder, value: float) -> str:
-    return g.const(float(value), np.float64)
+from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder, as_double, dims, f64, grid, vector
+from .graph_numpy import (EIGHT, FOUR, block_reduce, by_label, ceil_div, count_pieces, dilate, disk, erode, fill_holes,
+                          label, masked_mean_std, masked_median, median, percentile, reduce_mean, resample)
 
 
 def centre_digit(g: GraphBuilder, gray: str, size: tuple[int, int]) -> str:

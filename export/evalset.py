@@ -11,9 +11,9 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 
-from vit_hub import data as vdata
-from vit_hub.batches import EvalTransform, Transformed, default_workers, make_loader
-from vit_hub.config import ViTConfig
+from vit_hub.data import sources as vdata
+from vit_hub.data.batches import EvalTransform, Transformed, default_workers, make_loader
+from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
 
 # Below this many images a worker process costs more to start than it saves.

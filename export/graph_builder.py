@@ -136,3 +136,36 @@ def _read_names(node: onnx.NodeProto) -> set[str]:
                 names |= _read_names(inner)
             names |= {value.name for value in attribute.g.output}
     return names
+
+
+# Constants, sizes and indices -----------------------------------------------------------------------
+def dims(g: GraphBuilder, plane: str) -> tuple[str, str]:
+    """(height, width) of a 2-D tensor, as int64 scalars."""
+    shape = g.Shape(plane)
+    return tuple(g.Squeeze(g.Slice(shape, g.const([axis]), g.const([axis + 1])), g.const([0])) for axis in (0, 1))
+
+
+def vector(g: GraphBuilder, *scalars: str) -> str:
+    """int64 scalars -> a 1-D shape tensor."""
+    return g.Concat(*(g.Unsqueeze(scalar, g.const([0])) for scalar in scalars), axis=0)
+
+
+def as_double(g: GraphBuilder, value: str) -> str:
+    return g.Cast(value, to=DOUBLE)
+
+
+def positions(g: GraphBuilder, size: str, kind: int = DOUBLE) -> str:
+    """0, 1, ..., size - 1 as a 1-D tensor of `kind`."""
+    return g.Cast(g.Range(g.const(0), size, g.const(1)), to=kind)
+
+
+def grid(g: GraphBuilder, height: str, width: str, kind: int = DOUBLE) -> tuple[str, str]:
+    """Row and column indices [h, w] (np.indices)."""
+    rows = g.Unsqueeze(positions(g, height, kind), g.const([1]))  # [h, 1]
+    cols = g.Unsqueeze(positions(g, width, kind), g.const([0]))  # [1, w]
+    zeros = g.Mul(g.Add(rows, cols), g.CastLike(g.const(0), rows))  # [h, w]
+    return g.Add(zeros, rows), g.Add(zeros, cols)
+
+
+def f64(g: GraphBuilder, value: float) -> str:
+    return g.const(float(value), np.float64)

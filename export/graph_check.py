@@ -33,8 +33,8 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from vit_hub.attribution import OCCLUSION_CHUNK
-from vit_hub.config import ViTConfig
+from vit_hub.explain.attribution import OCCLUSION_CHUNK
+from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
 from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
 # A protobuf file cannot exceed 2 GB; the exporter writes nothing larger either.

@@ -1,5 +1,5 @@
-"""What `vit_hub.canonical` and `vit_hub.preprocess` take from NumPy, SciPy and Pillow, written
-as ONNX operators, each to give the same numbers as the library it stands for: medians and
+"""What `vit_hub.processing.canonical` and `vit_hub.processing.preprocess` take from NumPy,
+SciPy and Pillow, written as ONNX operators, each to give the same numbers as the library it stands for: medians and
 percentiles as NumPy takes them, Pillow's resampling filters and `reduce`, SciPy's connected
 pieces, dilation, erosion and filled holes. `pipeline_graph` and `canonical_graph` build on them.
 
@@ -15,40 +15,11 @@ import math
 
 import numpy as np
 
-from .graph_builder import DOUBLE, FLOAT, INT64, GraphBuilder
+from .graph_builder import DOUBLE, FLOAT, INT64, GraphBuilder, as_double, dims, grid, positions, vector
 
 PIL_PRECISION_BITS = 22  # Pillow's fixed-point resampling of 8-bit images: 32 - 8 - 2 bits
 PROPAGATION_STEPS = 8  # neighbour steps per loop turn when labelling pieces
 ROW_BLOCK = 256  # rows of a large picture converted and resampled at a time (bounds its memory)
-
-
-# Sizes and indices -----------------------------------------------------------------------
-def dims(g: GraphBuilder, plane: str) -> tuple[str, str]:
-    """(height, width) of a 2-D tensor, as int64 scalars."""
-    shape = g.Shape(plane)
-    return tuple(g.Squeeze(g.Slice(shape, g.const([axis]), g.const([axis + 1])), g.const([0])) for axis in (0, 1))
-
-
-def vector(g: GraphBuilder, *scalars: str) -> str:
-    """int64 scalars -> a 1-D shape tensor."""
-    return g.Concat(*(g.Unsqueeze(scalar, g.const([0])) for scalar in scalars), axis=0)
-
-
-def as_double(g: GraphBuilder, value: str) -> str:
-    return g.Cast(value, to=DOUBLE)
-
-
-def positions(g: GraphBuilder, size: str, kind: int = DOUBLE) -> str:
-    """0, 1, ..., size - 1 as a 1-D tensor of `kind`."""
-    return g.Cast(g.Range(g.const(0), size, g.const(1)), to=kind)
-
-
-def grid(g: GraphBuilder, height: str, width: str, kind: int = DOUBLE) -> tuple[str, str]:
-    """Row and column indices [h, w] (np.indices)."""
-    rows = g.Unsqueeze(positions(g, height, kind), g.const([1]))  # [h, 1]
-    cols = g.Unsqueeze(positions(g, width, kind), g.const([0]))  # [1, w]
-    zeros = g.Mul(g.Add(rows, cols), g.CastLike(g.const(0), rows))  # [h, w]
-    return g.Add(zeros, rows), g.Add(zeros, cols)
 
 
 # Order statistics --------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from vit_hub.hub import resolve_model_dir
+from vit_hub.hub.repos import resolve_model_dir
 from vit_hub.layout import ExportLayout
 
 from .runtime import OnnxClassifier
@@ -25,7 +25,7 @@ def ensure_graphs(model_dir: Path, *, export_dir: Callable[[Path], Path], output
     layout = ExportLayout.for_model(model_dir)
     if (layout.attentions if output_attentions else layout.logits).is_file():
         return Path(model_dir)
-    from .pipeline import export_onnx  # torch, only when there is something to export
+    from .export_model import export_onnx  # torch, only when there is something to export
 
     folder = export_dir(model_dir)
     export_onnx(model_dir, folder, output_attentions=output_attentions)

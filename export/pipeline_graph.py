@@ -4,7 +4,7 @@
                    gray, 2 gray + alpha, 3 RGB, 4 RGBA; EXIF orientation already applied)
     probabilities  float32 [num_classes], in config.json's label order
 
-Inside, the steps `vit_hub.preprocess.preprocess` takes, in the same order and to the same
+Inside, the steps `vit_hub.processing.preprocess.preprocess` takes, in the same order and to the same
 numbers: alpha over white and the model's colour (Pillow's formulas, exact), the config's
 canonicalisation (`canonical_graph`: all of `digit`), the resize with the config's filter
 (`graph_numpy.resample`: Pillow's), the normalisation; then the network (the logits graph,
@@ -29,11 +29,11 @@ import onnxruntime as ort
 from onnx import helper
 from PIL import Image
 
-from vit_hub import canonical
-from vit_hub.config import ViTConfig
+from vit_hub.processing import canonical
+from vit_hub.model.config import ViTConfig
 from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, PIPELINE_INPUT, PIPELINE_OUTPUT
-from vit_hub.postprocess import softmax
-from vit_hub.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limit, preprocess, to_model_mode
+from vit_hub.processing.postprocess import softmax
+from vit_hub.processing.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limit, preprocess, to_model_mode
 
 from .canonical_graph import centre_digit
 from .graph_builder import DOUBLE, FLOAT, UINT8, GraphBuilder

@@ -120,7 +120,7 @@ def tiny_config(**overrides) -> dict:
 
 def train_flags(values: dict) -> list[str]:
     """`vit-hub train` flags for TrainSettings fields and ViTConfig fields, spelled as the CLI does."""
-    from vit_hub.settings import TrainSettings
+    from vit_hub.train.settings import TrainSettings
 
     spelled = {field.name: field.metadata.get("flag") for field in dataclasses.fields(TrainSettings)}
     return [part for name, value in values.items()
@@ -136,8 +136,8 @@ def train_tiny(data: Path, out: Path, epochs: int = 3, **overrides) -> Path:
     import contextlib
     import io
 
-    from vit_hub.settings import TrainSettings
-    from vit_hub.training_run import train
+    from vit_hub.train.settings import TrainSettings
+    from vit_hub.train.run import train
 
     settings = TrainSettings(data=str(data), out=str(out), model=dict(TINY_MODEL), epochs=epochs, **TINY_RUN)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -22,11 +22,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 
-from vit_hub.attribution import METHODS  # noqa: E402
+from vit_hub.explain.attribution import METHODS  # noqa: E402
 from vit_hub.demo import backends, methods, page, pictures, server, uploads  # noqa: E402
 from vit_hub.layout import ModelDir  # noqa: E402
-from vit_hub.preprocess import preprocess, to_model_domain  # noqa: E402
-from vit_hub.samples import write_samples  # noqa: E402
+from vit_hub.processing.preprocess import preprocess, to_model_domain  # noqa: E402
+from vit_hub.data.samples import write_samples  # noqa: E402
 
 MODEL_DIR = ROOT / "models" / "vit-mnist"
 SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))
@@ -343,9 +343,9 @@ def test_onnx_backend_uses_the_graph_shipped_with_the_model(monkeypatch):
 
 def test_an_rgb_model_with_a_non_square_grid(tmp_path):
     """Any vit_hub model works: RGB, 16x24 input (a 4x6 patch grid); no drawing tab."""
-    from vit_hub.pretrained import VisionTransformer
+    from vit_hub.hub.pretrained import HubVisionTransformer
 
-    VisionTransformer(**tiny_config(image_size=[16, 24], labels=["cat", "dog", "fox"])).save_pretrained(tmp_path / "rgb")
+    HubVisionTransformer(**tiny_config(image_size=[16, 24], labels=["cat", "dog", "fox"])).save_pretrained(tmp_path / "rgb")
     demo = page.build_demo(backends.TorchPredictor.load(tmp_path / "rgb", threads=None))
     _, url, _ = page.serve(demo, port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
@@ -375,10 +375,10 @@ def _page_parts(demo) -> tuple[set[str], list[list], str]:
 def test_a_photo_model_gets_its_own_page_not_the_digit_one(tmp_path):
     """A grayscale model of photos (not canonicalised as digits): no drawing, no MNIST digits as
     examples, the header names its classes; with samples kept in its dir, those are the examples."""
-    from vit_hub.pretrained import VisionTransformer
+    from vit_hub.hub.pretrained import HubVisionTransformer
 
     model_dir = tmp_path / "shapes"
-    VisionTransformer(**tiny_config(in_channels=1, labels=["circle", "square"])).save_pretrained(model_dir)
+    HubVisionTransformer(**tiny_config(in_channels=1, labels=["circle", "square"])).save_pretrained(model_dir)
     tabs, examples, text = _page_parts(page.build_demo(backends.TorchPredictor.load(model_dir, threads=None)))
     assert "Draw" not in tabs and examples == [] and "draw" not in text.lower()
     assert "one of 2 classes (circle, square)" in text

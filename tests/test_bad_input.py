@@ -42,13 +42,13 @@ from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: 
 from vit_hub.export.__main__ import main as export_main  # noqa: E402
 import vit_hub  # noqa: E402
 from vit_hub import cli  # noqa: E402
-from vit_hub.pretrained import load_model  # noqa: E402
-from vit_hub.pretrained import VisionTransformer  # noqa: E402
-from vit_hub.predict import predict_images  # noqa: E402
-from vit_hub.preprocess import open_image, pixel_limit  # noqa: E402
+from vit_hub.hub.pretrained import load_model  # noqa: E402
+from vit_hub.hub.pretrained import HubVisionTransformer  # noqa: E402
+from vit_hub.hub.pretrained import predict_images  # noqa: E402
+from vit_hub.processing.preprocess import open_image, pixel_limit  # noqa: E402
 from vit_hub.layout import ModelDir  # noqa: E402
-from vit_hub.settings import TrainingError  # noqa: E402
-from vit_hub.train import Trainer  # noqa: E402
+from vit_hub.train.settings import TrainingError  # noqa: E402
+from vit_hub.train.loop import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
@@ -144,7 +144,7 @@ def run_module(module: str, *argv) -> subprocess.CompletedProcess:
 def model_dir(tmp_path_factory) -> Path:
     """A tiny RGB model dir (16x16, two classes) with its ONNX graphs."""
     folder = tmp_path_factory.mktemp("bad_input_model")
-    VisionTransformer(**tiny_config()).save_pretrained(folder)
+    HubVisionTransformer(**tiny_config()).save_pretrained(folder)
     export_onnx(folder, folder, output_attentions=True)
     return folder
 
@@ -225,14 +225,14 @@ def test_damaged_weights_are_one_line_in_every_entry_point(model_dir, files, tmp
     assert not (tmp_path / "onnx").exists()
     assert_one_line(run_app_main("--model", broken, "--port", free_port()), "cannot load --model", WEIGHT_CASES[how])
     with pytest.raises(ValueError) as error:
-        VisionTransformer.from_pretrained(str(broken))
+        HubVisionTransformer.from_pretrained(str(broken))
     assert_one_line(str(error.value), WEIGHT_CASES[how])
     assert not (broken / "UNPICKLED").exists()  # the pickle's payload never ran
 
 
 @pytest.mark.parametrize("how", ["pickle", "empty"])
 def test_damaged_weights_are_never_pushed(model_dir, tmp_path, monkeypatch, how):
-    from vit_hub.hub import push_to_hub
+    from vit_hub.hub.repos import push_to_hub
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: a request would fail otherwise
     broken = damaged_copy(model_dir, tmp_path / "broken", how)
@@ -396,8 +396,8 @@ def test_a_loss_that_turns_nan_stops_the_run_and_keeps_the_last_good_epoch(train
 
 
 def test_the_trainer_refuses_inf_lr_through_the_python_api_too(train_folder, tmp_path):
-    from vit_hub.settings import TrainSettings
-    from vit_hub.training_run import train
+    from vit_hub.train.settings import TrainSettings
+    from vit_hub.train.run import train
 
     with pytest.raises(TrainingError) as error:
         train(TrainSettings(data=str(train_folder), out=str(tmp_path / "out"), lr=float("inf")))
@@ -408,7 +408,7 @@ def test_the_trainer_refuses_inf_lr_through_the_python_api_too(train_folder, tmp
 SLOW_SAVE = textwrap.dedent("""
     import sys, time
     import safetensors.torch
-    from vit_hub.pretrained import VisionTransformer
+    from vit_hub.hub.pretrained import HubVisionTransformer
 
     def slow_save(model, filename, *args, **kwargs):
         with open(filename, "wb") as handle:
@@ -418,14 +418,14 @@ SLOW_SAVE = textwrap.dedent("""
             time.sleep(600)
 
     safetensors.torch.save_model = slow_save  # what huggingface_hub's mixin calls to write the weights
-    model = VisionTransformer(**{config})
+    model = HubVisionTransformer(**{config})
     model.save_pretrained(sys.argv[1])
 """)
 
 
 def test_a_save_killed_midway_leaves_the_previous_model(tmp_path):
     """SIGKILL inside save_pretrained (the mixin alone leaves the folder without config.json)."""
-    previous = VisionTransformer(**tiny_config())
+    previous = HubVisionTransformer(**tiny_config())
     previous.save_pretrained(tmp_path / "model")
     config = tiny_config(labels=["cat", "dog", "fox"])
     process = subprocess.Popen([sys.executable, "-c", SLOW_SAVE.format(config=config), str(tmp_path / "model")],
@@ -435,7 +435,7 @@ def test_a_save_killed_midway_leaves_the_previous_model(tmp_path):
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=60)
-    loaded = VisionTransformer.from_pretrained(str(tmp_path / "model"))
+    loaded = HubVisionTransformer.from_pretrained(str(tmp_path / "model"))
     assert loaded.config == previous.config
     for ours, theirs in zip(loaded.state_dict().values(), previous.state_dict().values()):
         assert torch.equal(ours, theirs)
@@ -444,7 +444,7 @@ def test_a_save_killed_midway_leaves_the_previous_model(tmp_path):
 def test_a_save_that_fails_midway_leaves_the_previous_model_and_the_next_save_works(tmp_path, monkeypatch):
     import safetensors.torch
 
-    previous = VisionTransformer(**tiny_config())
+    previous = HubVisionTransformer(**tiny_config())
     previous.save_pretrained(tmp_path)
     real_save = safetensors.torch.save_model
 
@@ -453,13 +453,13 @@ def test_a_save_that_fails_midway_leaves_the_previous_model_and_the_next_save_wo
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(safetensors.torch, "save_model", failing)
-    newer = VisionTransformer(**tiny_config(labels=["a", "b", "c"]))
+    newer = HubVisionTransformer(**tiny_config(labels=["a", "b", "c"]))
     with pytest.raises(OSError):
         newer.save_pretrained(tmp_path)
-    assert VisionTransformer.from_pretrained(str(tmp_path)).config == previous.config
+    assert HubVisionTransformer.from_pretrained(str(tmp_path)).config == previous.config
     monkeypatch.setattr(safetensors.torch, "save_model", real_save)
     newer.save_pretrained(tmp_path)
-    assert VisionTransformer.from_pretrained(str(tmp_path)).config == newer.config
+    assert HubVisionTransformer.from_pretrained(str(tmp_path)).config == newer.config
     assert sorted(path.name for path in tmp_path.iterdir()) == ["README.md", "config.json", "model.safetensors"]
 
 

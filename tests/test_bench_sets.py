@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from bench import digit_uploads, shifted_sets
-from vit_hub.data import load_splits
+from vit_hub.data.sources import load_splits
 
 SMALL = 0.02  # 2-4 images per class and split: enough to check layout and determinism
 

@@ -10,12 +10,13 @@ import pytest
 import torch
 from conftest import tiny_config, train_tiny
 
-from vit_hub.calibration import fit_temperature
-from vit_hub.card import render_card_text
-from vit_hub.config import ConfigError, ViTConfig
+from vit_hub.train.calibration import fit_temperature
+from vit_hub.hub.card import render_card_text
+from vit_hub.model.config import ViTConfig
+from vit_hub.model.fields import ConfigError
 from vit_hub.demo.backends import TorchPredictor
-from vit_hub.postprocess import softmax
-from vit_hub.pretrained import VisionTransformer
+from vit_hub.processing.postprocess import softmax
+from vit_hub.hub.pretrained import HubVisionTransformer
 
 
 def test_the_fit_finds_the_temperature_the_labels_were_drawn_with():
@@ -35,7 +36,7 @@ def test_a_config_without_a_temperature_loads_as_uncalibrated_and_a_bad_one_is_r
 
 
 def test_the_app_shows_probabilities_at_the_models_temperature(tmp_path):
-    VisionTransformer(**tiny_config(temperature=2.5)).save_pretrained(tmp_path / "warm")
+    HubVisionTransformer(**tiny_config(temperature=2.5)).save_pretrained(tmp_path / "warm")
     predictor = TorchPredictor.load(tmp_path / "warm", threads=None)
     pixels = np.random.default_rng(1).normal(size=(2, 3, 16, 16)).astype(np.float32)
     with torch.inference_mode():

@@ -1,4 +1,4 @@
-"""Input canonicalisation (vit_hub/canonical.py) and that every path applies it alike."""
+"""Input canonicalisation (vit_hub/processing/canonical.py) and that every path applies it alike."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from conftest import digit_on_paper
 from PIL import Image, ImageDraw, ImageFilter, ImageOps
 from scipy import ndimage
 
-from vit_hub.augmentation import TrainTransform
-from vit_hub.batches import EvalTransform
-from vit_hub.canonical import STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
-from vit_hub.config import ViTConfig
-from vit_hub.preprocess import preprocess, to_model_domain, to_model_mode
+from vit_hub.data.augmentation import TrainTransform
+from vit_hub.data.batches import EvalTransform
+from vit_hub.processing.canonical import STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
+from vit_hub.model.config import ViTConfig
+from vit_hub.processing.preprocess import preprocess, to_model_domain, to_model_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
@@ -270,8 +270,8 @@ def photo_files(root: Path) -> list[Path]:
 
 def test_torch_onnx_and_training_transforms_see_the_same_pixels(photos):
     from vit_hub.export import OnnxClassifier
-    from vit_hub.pretrained import load_model
-    from vit_hub.predict import predict_images
+    from vit_hub.hub.pretrained import load_model
+    from vit_hub.hub.pretrained import predict_images
 
     model = load_model(MODEL_DIR)
     classifier = OnnxClassifier(MODEL_DIR / "model.onnx")
@@ -299,7 +299,7 @@ def test_eval_on_a_folder_of_photos_canonicalises_them(photos, capsys):
 
 def test_without_canonicalisation_the_same_photos_fail(photos):
     """The control: the bundled model on raw photos (what the app did before) is near chance."""
-    from vit_hub.pretrained import load_model
+    from vit_hub.hub.pretrained import load_model
 
     model = load_model(MODEL_DIR)
     model.config.canonicalize = "none"

@@ -17,8 +17,8 @@ import pytest
 from conftest import TINY_TRAIN_FLAGS, read_json, tiny_config, write_class_folders
 
 from vit_hub import cli
-from vit_hub.pretrained import VisionTransformer
-from vit_hub.summary import layer_rows
+from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.model.flops import layer_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,7 @@ def test_info_on_a_model_dir_prints_a_per_layer_table(trained):
     assert lines[1].split() == ["layer", "parameters", "MFLOPs"]
     assert [line.split()[0] for line in lines[2:]] == ["patch_embedding", "blocks.0.attention", "blocks.0.mlp",
                                                        "norm", "total"]
-    model = VisionTransformer.from_pretrained(str(trained["out"]))
+    model = HubVisionTransformer.from_pretrained(str(trained["out"]))
     total_parameters = sum(parameter.numel() for parameter in model.parameters())
     assert lines[-1].split()[1] == f"{total_parameters:,}"
     row_parameters = sum(int(line.split()[-2].replace(",", "")) for line in lines[2:-1])
@@ -152,7 +152,7 @@ def test_info_on_a_preset():
 
 
 def test_layer_flops_are_the_matmul_arithmetic_of_inference():
-    model = VisionTransformer(**tiny_config(depth=2))  # 16x16x3, patch 4: 16 patches, 17 tokens, dim 16
+    model = HubVisionTransformer(**tiny_config(depth=2))  # 16x16x3, patch 4: 16 patches, 17 tokens, dim 16
     rows = {name: flops for name, _, flops in layer_rows(model)}
     tokens, dim, hidden = 17, 16, 32
     assert rows["patch_embedding + cls + positions"] == 2 * 16 * (3 * 4 * 4) * dim
@@ -221,7 +221,7 @@ def bad_inputs(tmp_path_factory):
     (root / "no_images" / "b").mkdir()
     (root / "not_an_image.png").write_bytes(b"plain text")
     mismatched = root / "mismatched"
-    VisionTransformer(**tiny_config()).save_pretrained(mismatched)
+    HubVisionTransformer(**tiny_config()).save_pretrained(mismatched)
     config = read_json(mismatched / "config.json")
     (mismatched / "config.json").write_text(json.dumps({**config, "embed_dim": 32}))
     return root
@@ -348,8 +348,8 @@ def test_train_flags_are_generated_from_the_dataclasses():
     run with no flags gets exactly the dataclass defaults, and a flag reaches its field."""
     import dataclasses
 
-    from vit_hub.config import ViTConfig
-    from vit_hub.settings import MODEL_FIELDS, TrainSettings
+    from vit_hub.model.config import ViTConfig
+    from vit_hub.train.settings import MODEL_FIELDS, TrainSettings
 
     parser = cli.build_parser()
     train_parser = parser._subparsers._group_actions[0].choices["train"]

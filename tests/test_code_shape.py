@@ -1,4 +1,4 @@
-"""The code stays readable in pieces a learner can hold: no module over 500 lines, no class over
+"""The code stays readable in pieces a learner can hold: no module over 400 lines, no class over
 200, no function over 60 (vit_hub/, export/, app.py). A longer one is a sign that it does
 several jobs; split it by job rather than raise a limit."""
 
@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = sorted([*ROOT.glob("vit_hub/**/*.py"), *ROOT.glob("export/**/*.py"), ROOT / "app.py"])
-MAX_MODULE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 500, 200, 60
+MAX_MODULE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 400, 200, 60
 
 
 def too_long(source: str) -> list[str]:

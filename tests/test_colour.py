@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_hub.colour import COLOUR_MARGIN, ColourEvidence, colour_evidence
-from vit_hub.data import ImageStats, describe_images
+from vit_hub.data.colour import COLOUR_MARGIN, ColourEvidence, colour_evidence
+from vit_hub.data.sources import ImageStats, describe_images
 
 # Two colours of the same luminance (Y = 0.299 R + 0.587 G + 0.114 B, both about 76).
 RED, GREEN = (255, 0, 0), (0, 130, 0)

@@ -13,17 +13,21 @@ from conftest import CLASSES, in_mode, tiny_config, write_class_folders
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from vit_hub import augmentation, batches, folders
-from vit_hub.augmentation import TrainTransform, resolve_augment
-from vit_hub.batches import EvalTransform, Transformed, make_loader
-from vit_hub.config import ViTConfig
-from vit_hub.data import DataSplits, compute_mean_std, describe_images, load_splits, stratified_split, targets_of
-from vit_hub.distributed import Runtime
+from vit_hub.data import augmentation
+
+from vit_hub.data import batches
+
+from vit_hub.data import folders
+from vit_hub.data.augmentation import TrainTransform, resolve_augment
+from vit_hub.data.batches import EvalTransform, Transformed, make_loader
+from vit_hub.model.config import ViTConfig
+from vit_hub.data.sources import DataSplits, compute_mean_std, describe_images, load_splits, stratified_split, targets_of
+from vit_hub.train.distributed import Runtime
 from vit_hub.errors import DataError
-from vit_hub.loaders import RunLoaders, build_loaders
-from vit_hub.preprocess import preprocess, preprocess_batch
-from vit_hub.schedule import Schedule
-from vit_hub.settings import TrainSettings
+from vit_hub.train.loaders import RunLoaders, build_loaders
+from vit_hub.processing.preprocess import preprocess, preprocess_batch
+from vit_hub.train.schedule import Schedule
+from vit_hub.train.settings import TrainSettings
 
 LABELS = sorted(CLASSES)
 
@@ -464,7 +468,7 @@ def test_transformed_yields_tensors_and_int_labels(split_image_folder):
 
 
 def test_config_and_preprocess_import_without_torch():
-    code = ("import sys, vit_hub.config, vit_hub.preprocess; "
+    code = ("import sys, vit_hub.model.config, vit_hub.processing.preprocess; "
             "sys.exit('torch was imported' if 'torch' in sys.modules else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr + result.stdout

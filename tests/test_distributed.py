@@ -13,12 +13,12 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from vit_hub import batches
-from vit_hub import data as vdata
-from vit_hub.checkpoint import read_checkpoint_state
-from vit_hub.evaluation import evaluate
+from vit_hub.data import batches
+from vit_hub.data import sources as vdata
+from vit_hub.train.checkpoint import read_checkpoint_state
+from vit_hub.train.evaluation import evaluate
 from vit_hub.layout import ModelDir
-from vit_hub.pretrained import load_model
+from vit_hub.hub.pretrained import load_model
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 MODEL_FLAGS = ["--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--image-size", "16",
@@ -153,9 +153,9 @@ def test_ddp_resume_continues_to_the_same_result(shapes_folder, tmp_path):
 SHARE_SCRIPT = """
 import os, sys
 import torch.distributed as dist
-from vit_hub import data as vdata
-from vit_hub.settings import TrainSettings
-from vit_hub.train import build_trainer
+from vit_hub.data import sources as vdata
+from vit_hub.train.settings import TrainSettings
+from vit_hub.train.loop import build_trainer
 
 listed = vdata.index_image_folder
 def index_image_folder(root):
@@ -189,7 +189,7 @@ def test_the_folder_is_listed_once_and_shared_with_every_process(shapes_folder, 
 def test_cpu_threads_come_from_the_free_cores_beside_the_loader_workers(monkeypatch):
     """On a busy machine the intra-op threads are the cores left free, less the loader workers;
     OMP_NUM_THREADS decides when set; the choice is kept for the log."""
-    from vit_hub.distributed import Runtime, choose_cpu_threads
+    from vit_hub.train.distributed import Runtime, choose_cpu_threads
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -1,4 +1,4 @@
-"""Explanation methods (vit_hub.attribution, vit_hub.explain, vit_hub.gradients): every method's maps, what the
+"""Explanation methods (vit_hub.explain.attribution, vit_hub.explain.attribution, vit_hub.explain.gradients): every method's maps, what the
 registry says each needs, the gradient ones against their definitions, occlusion against a loop."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 import torch
 
-from vit_hub.attribution import METHODS, check_method, occlusion
-from vit_hub.blanking import blank_patches, blank_pixels
+from vit_hub.explain.attribution import METHODS, check_method, occlusion
+from vit_hub.explain.blanking import blank_patches, blank_pixels
 from vit_hub.errors import UserError
-from vit_hub.explain import explain, torch_forward, torch_logits
-from vit_hub.gradients import (
+from vit_hub.explain.run import explain, torch_forward, torch_logits
+from vit_hub.explain.gradients import (
     attention_gradients, embedding_attributions, gradient_rollout, pixel_attributions, with_context,
 )
-from vit_hub.pretrained import VisionTransformer
+from vit_hub.hub.pretrained import HubVisionTransformer
 
 
-def tiny_model(pooling="cls", in_channels=1, **overrides) -> VisionTransformer:
+def tiny_model(pooling="cls", in_channels=1, **overrides) -> HubVisionTransformer:
     torch.manual_seed(0)
-    model = VisionTransformer(image_size=16, patch_size=4, in_channels=in_channels, num_classes=3, embed_dim=16,
+    model = HubVisionTransformer(image_size=16, patch_size=4, in_channels=in_channels, num_classes=3, embed_dim=16,
                               depth=2, num_heads=2, pooling=pooling, **overrides).eval()
     with torch.no_grad():  # a non-zero head, so gradients reach the attention
         model.head.weight.normal_()
@@ -70,7 +70,7 @@ def test_the_registry_says_what_each_method_needs():
 
 
 def test_reading_the_registry_imports_no_torch():
-    code = "import sys, vit_hub.attribution; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, vit_hub.explain.attribution; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -28,9 +28,9 @@ from vit_hub.export.exporter import write_graph
 from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, ExportLayout
 from vit_hub.export.session import CPU, CUDA, CUDA_OPTIONS
 from vit_hub.export.verify import check_file
-from vit_hub.config import ViTConfig
-from vit_hub.pretrained import VisionTransformer
-from vit_hub.postprocess import softmax, top_k
+from vit_hub.model.config import ViTConfig
+from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.processing.postprocess import softmax, top_k
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
@@ -44,7 +44,7 @@ MLP_WEIGHT_STD = 0.3
 HEAD_WEIGHT_STD = 2.0
 
 
-def randomized(model: VisionTransformer, seed: int = 0) -> VisionTransformer:
+def randomized(model: HubVisionTransformer, seed: int = 0) -> HubVisionTransformer:
     """Non-zero head weights, so logits differ between images (the ViT init zeroes the head),
     and MLP weights large enough for the logits to show an approximated GELU (see above)."""
     generator = torch.Generator().manual_seed(seed)
@@ -72,7 +72,7 @@ def pixels_for(config: ViTConfig, batch: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
 
 
-def torch_outputs(model: VisionTransformer, pixels: np.ndarray, output_attentions: bool = False):
+def torch_outputs(model: HubVisionTransformer, pixels: np.ndarray, output_attentions: bool = False):
     with torch.inference_mode():
         logits, weights = model(torch.from_numpy(pixels), output_attentions=output_attentions)
     return (logits.numpy(), torch.stack(weights).numpy()) if output_attentions else logits.numpy()
@@ -81,7 +81,7 @@ def torch_outputs(model: VisionTransformer, pixels: np.ndarray, output_attention
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny RGB model dir (16x16, dim 16, depth 2) and the model itself."""
-    model = randomized(VisionTransformer(**tiny_config()))
+    model = randomized(HubVisionTransformer(**tiny_config()))
     folder = tmp_path_factory.mktemp("tiny_model")
     model.save_pretrained(folder)
     return folder, model
@@ -166,7 +166,7 @@ def test_logits_graph_carries_no_attention_output(exported, classifier):
 def test_non_square_small_data_model_exports_with_parity(tmp_path, pooling, patch_embedding):
     """Shifted patches or a conv stem, locality attention (masked), sin-cos positions, 16x24.
     cls pooling: the last block sees the class token alone."""
-    model = randomized(VisionTransformer(**tiny_config(
+    model = randomized(HubVisionTransformer(**tiny_config(
         image_size=[16, 24], patch_embedding=patch_embedding, locality_attention=True, pos_embedding="sincos",
         pooling=pooling)))
     path = export_onnx(model, tmp_path / "small.onnx", output_attentions=True)

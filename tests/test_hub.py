@@ -5,7 +5,7 @@
   from a temporary folder, configured as DESIGN.md describes.
 
 vit_hub's own functions read HF_ENDPOINT on every call, so most tests run in this process.
-`VisionTransformer.from_pretrained("org/name")` goes through huggingface_hub, which reads
+`HubVisionTransformer.from_pretrained("org/name")` goes through huggingface_hub, which reads
 HF_ENDPOINT once at import: that check runs in a fresh Python process.
 """
 
@@ -32,10 +32,10 @@ from huggingface_hub import ModelCard, constants
 from PIL import Image
 
 from hub_double import HubDouble
-from vit_hub.card import is_generated_card, write_model_card
+from vit_hub.hub.card import is_generated_card, write_model_card
 from vit_hub.cli import main
-from vit_hub.hub import CARD_GENERATED, CARD_KEPT, CARD_LOCAL, HubError, pull, push_to_hub
-from vit_hub.pretrained import VisionTransformer, load_model
+from vit_hub.hub.repos import CARD_GENERATED, CARD_KEPT, CARD_LOCAL, HubError, pull, push_to_hub
+from vit_hub.hub.pretrained import HubVisionTransformer, load_model
 
 TOKEN = "hf_vitHubTestToken0123456789abcdefXYZ"
 REPO = "org/name"
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def make_model_dir(path: Path, seed: int = 0) -> Path:
     """A model dir as `vit-hub train` leaves it, plus a checkpoint that must never be uploaded."""
     torch.manual_seed(seed)
-    model = VisionTransformer(**TINY)
+    model = HubVisionTransformer(**TINY)
     torch.nn.init.normal_(model.head.weight)  # the head starts at zero: make the logits tell models apart
     model.save_pretrained(path)
     (path / "metrics.json").write_text(json.dumps(METRICS))
@@ -63,7 +63,7 @@ def make_model_dir(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def logits_of(model: VisionTransformer) -> list:
+def logits_of(model: HubVisionTransformer) -> list:
     with torch.no_grad():
         return model(PIXELS).logits.tolist()
 
@@ -278,13 +278,13 @@ def test_an_unreachable_hub_is_one_line_at_once_without_retry_warnings(tmp_path,
 
 def test_from_pretrained_and_the_python_token_error_are_one_line(hub, model_dir, monkeypatch):
     push_to_hub(model_dir, REPO, token=TOKEN)
-    assert logits_of(VisionTransformer.from_pretrained(REPO)) == logits_of(load_model(model_dir))
+    assert logits_of(HubVisionTransformer.from_pretrained(REPO)) == logits_of(load_model(model_dir))
     with one_line_error(r"no model repo org/absent on http://"):
-        VisionTransformer.from_pretrained("org/absent")
+        HubVisionTransformer.from_pretrained("org/absent")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with one_line_error(r"HF_HUB_OFFLINE is set and org/other@main is not in the local cache"):
-        VisionTransformer.from_pretrained("org/other")
+        HubVisionTransformer.from_pretrained("org/other")
     with one_line_error(r"push needs a Hugging Face token .*token= in Python"):
         push_to_hub(model_dir, REPO)
 
@@ -416,14 +416,14 @@ def test_olah_errors_unknown_repo_not_ours_network_down(olah, monkeypatch, tmp_p
 FRESH_PROCESS = """
 import json, pathlib, sys, torch
 from vit_hub.cli import main
-from vit_hub.pretrained import VisionTransformer, load_model
+from vit_hub.hub.pretrained import HubVisionTransformer, load_model
 out, source, repo_ids = sys.argv[1], sys.argv[2], sys.argv[3:]
 pixels = torch.linspace(-1.0, 1.0, 2 * 8 * 8).reshape(2, 1, 8, 8)
 results = {}
 with torch.no_grad():
     for repo_id in repo_ids:
         assert main(["pull", repo_id, "--out", f"{out}/{repo_id}"]) == 0
-        results[repo_id] = {"from_pretrained": VisionTransformer.from_pretrained(repo_id)(pixels).logits.tolist(),
+        results[repo_id] = {"from_pretrained": HubVisionTransformer.from_pretrained(repo_id)(pixels).logits.tolist(),
                             "pulled": load_model(f"{out}/{repo_id}")(pixels).logits.tolist()}
 if pathlib.Path("app.py").is_file():  # the Gradio app's loader, as `python app.py --model OWNER/NAME` uses it
     from vit_hub.demo.backends import load_predictor
@@ -463,7 +463,7 @@ def test_the_bundled_models_card_is_the_one_card_py_writes(monkeypatch):
     snippets name the folder as the README does, from the checkout): an edit by hand, or a rename
     done with sed, breaks the seal, and a push would then upload it as a hand-written card
     instead of regenerating it for the repo."""
-    from vit_hub.card import render_card_text
+    from vit_hub.hub.card import render_card_text
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     bundled = Path("models") / "vit-mnist"

@@ -21,7 +21,7 @@ from timm.utils.attention_extract import AttentionExtract
 from tests.hub_double import HubDouble, serving_hub
 from vit_hub.cli import main
 from vit_hub.demo import backends, page, pictures
-from vit_hub.pretrained import load_model
+from vit_hub.hub.pretrained import load_model
 
 TOKEN = "hf_vitHubImportToken0123456789abcdef"
 TOLERANCE = 1e-4  # max |vit_hub - source| in fp32, logits and attentions
@@ -169,7 +169,7 @@ def test_transformers_vit_model_imports_as_features_with_its_pooler(tmp_path):
     assert (tokens - expected.last_hidden_state).abs().max() <= TOLERANCE
     with pytest.raises(ValueError, match="without a head .* vit-hub train --init"):
         imported.config.check_has_head("predict")
-    from vit_hub.summary import layer_rows
+    from vit_hub.model.flops import layer_rows
 
     # vit-hub info's rows hold every weight, the class token's position and the pooler included
     assert sum(parameters for _, parameters, _ in layer_rows(imported)) == sum(p.numel() for p in imported.parameters())
@@ -274,8 +274,8 @@ def test_predict_ranks_the_labels_of_an_imported_model(hf_classifier, tmp_path):
     another size gives the processor's pixels (its size, bicubic resampling, mean and std) and
     the source model's probabilities. The two resizes round a few pixels to the neighbouring
     8-bit level; a wrong filter, mean or std moves most pixels by tens of levels."""
-    from vit_hub.predict import predict_images
-    from vit_hub.preprocess import preprocess
+    from vit_hub.hub.pretrained import predict_images
+    from vit_hub.processing.preprocess import preprocess
 
     source, folder = hf_classifier
     model = load_model(import_into(folder, tmp_path / "imported"))
@@ -313,7 +313,7 @@ def test_imported_models_export_to_onnx_with_parity(hf_classifier, tmp_path):
 
 
 def predict_top3(model, image) -> list[tuple[str, float]]:
-    from vit_hub.predict import predict_images
+    from vit_hub.hub.pretrained import predict_images
 
     return predict_images(model, [image], top_k=3)[0]
 
@@ -335,7 +335,7 @@ def test_the_app_explains_an_imported_timm_model(timm_tiny, tmp_path):
 
 
 def test_rollout_of_an_imported_model_covers_its_patch_grid(timm_tiny, tmp_path):
-    from vit_hub.rollout import attention_rollout
+    from vit_hub.explain.rollout import attention_rollout
 
     _, folder = timm_tiny
     model = load_model(import_into(folder, tmp_path / "imported"))
@@ -385,8 +385,8 @@ def test_train_init_fine_tunes_a_timm_model_on_a_folder(timm_small_grid, split_i
 def test_init_weights_keep_the_body_resize_positions_as_timm_does_and_zero_the_head(timm_small_grid):
     from timm.layers import resample_abs_pos_embed
 
-    from vit_hub.fine_tune import fine_tune_config, fine_tune_weights
-    from vit_hub.importing import load_init
+    from vit_hub.hub.fine_tune import fine_tune_config, fine_tune_weights
+    from vit_hub.hub.import_model import load_init
 
     model, source = timm_small_grid
     start = load_init(source)
@@ -403,8 +403,8 @@ def test_init_on_the_model_s_own_labels_keeps_its_head():
     """Trained further on the same labels in the same order, the model keeps its head (a zero
     head would throw away the answer it already gives); other labels, or the same ones in
     another order, get the zero head."""
-    from vit_hub.fine_tune import fine_tune_config, fine_tune_weights
-    from vit_hub.importing import load_init
+    from vit_hub.hub.fine_tune import fine_tune_config, fine_tune_weights
+    from vit_hub.hub.import_model import load_init
 
     start = load_init(Path(__file__).resolve().parents[1] / "models" / "vit-mnist")
     same = fine_tune_weights(start, fine_tune_config(start, list("0123456789"), {"canonicalize": "digit"}))
@@ -416,8 +416,8 @@ def test_init_on_the_model_s_own_labels_keeps_its_head():
 
 
 def test_init_from_a_vit_model_drops_its_pooler(tmp_path):
-    from vit_hub.fine_tune import fine_tune_config
-    from vit_hub.importing import load_init
+    from vit_hub.hub.fine_tune import fine_tune_config
+    from vit_hub.hub.import_model import load_init
 
     transformers.ViTModel(tiny_vit_config()).save_pretrained(tmp_path / "source", safe_serialization=True)
     start = load_init(tmp_path / "source")
@@ -428,8 +428,8 @@ def test_init_from_a_vit_model_drops_its_pooler(tmp_path):
 def test_canonicalisation_is_the_new_data_s_choice_when_fine_tuning():
     """None by default, even from a digit model; `--canonicalize digit` keeps it (the bundled
     model is fine-tuned that way; before, the run silently trained on raw digits)."""
-    from vit_hub.fine_tune import fine_tune_config
-    from vit_hub.importing import load_init
+    from vit_hub.hub.fine_tune import fine_tune_config
+    from vit_hub.hub.import_model import load_init
 
     start = load_init(Path(__file__).resolve().parents[1] / "models" / "vit-mnist")
     assert start.config.canonicalize == "digit"

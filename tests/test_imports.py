@@ -1,5 +1,5 @@
 """The import graph of vit_hub/ and export/ (installed as `vit_hub.export`) has no cycle, and
-its imports point one way: model/config/preprocess <- data/train <- hub/card <- export <- app.
+its imports point one way, from the app down to the model: the layers below, one folder each.
 
 The layers are written once below, every module in one of them: a new module fails here
 until it is placed. A module may import from its own layer and the layers below; imports
@@ -8,6 +8,8 @@ inside functions (the lazy ones) count as much as those at the top of a file."""
 from __future__ import annotations
 
 import ast
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,36 +21,27 @@ EXPORT = f"{PACKAGE}.export"  # pyproject.toml maps the checkout's export/ folde
 # Lowest first. Names are relative to vit_hub ("" is the package itself, "export.*" the
 # modules of export/). Within a layer, modules are grouped by what they serve.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": (
-        "errors", "layout", "console", "storage",  # what every layer shares
-        "config", "positions", "model", "flops",  # the model: its config and pure nn code
-        "canonical", "colour", "preprocess", "postprocess", "blanking",  # images in, scores out
-        "rollout", "plots",  # attention maps and figures, from arrays
-        "samples",  # a model's example images
-    ),
-    "train": (
-        "data", "folders", "augmentation", "batches",  # the data
-        "settings", "schedule", "step", "loaders", "checkpoint", "distributed", "evaluation", "fine_tune",
-        "run_report", "train",  # the training loop
-        "summary", "predict",  # a torch model's layers and predictions
-        "attribution", "gradients", "explain", "insight", "insight_figures",  # what a model looks at
-        "calibration",  # the temperature of its probabilities
-    ),
-    "hub": (
-        "", "hub", "card", "pretrained", "weight_checks", "hub_cli", "space", "static_space",  # model dirs, files, the Hub
-        "converting", "importing",  # timm and transformers ViTs
-        "inspecting", "training_run", "sweep",  # commands that write a complete model dir
-    ),
+    "foundation": ("errors", "console", "layout", "storage"),
+    "model": ("model", "model.fields", "model.config", "model.patches", "model.positions", "model.vit", "model.flops"),
+    "processing": ("processing", "processing.canonical", "processing.preprocess", "processing.postprocess"),
+    "explain": ("explain", "explain.rollout", "explain.blanking", "explain.gradients", "explain.attribution",
+                "explain.run"),
+    "data": ("data", "data.choices", "data.colour", "data.folders", "data.sources", "data.augmentation", "data.batches",
+             "data.samples"),
+    "insight": ("insight", "insight.views", "insight.figures", "insight.inspect"),
+    "hub": ("", "hub", "hub.weight_checks", "hub.card", "hub.repos", "hub.push_pull", "hub.pretrained", "hub.space",
+            "hub.static_space", "hub.key_mapping", "hub.fine_tune", "hub.import_model"),
+    "train": ("train", "train.settings", "train.distributed", "train.schedule", "train.step", "train.checkpoint",
+              "train.loaders", "train.evaluation", "train.report", "train.calibration", "train.loop", "train.run",
+              "train.sweep"),
     "export": (
         "export", "export.__main__", "export.evalset", "export.exporter", "export.graph_check", "export.half",
-        "export.on_demand", "export.pipeline", "export.quantize", "export.runtime", "export.session",
+        "export.on_demand", "export.export_model", "export.quantize", "export.runtime", "export.session",
         "export.timing", "export.verify",
         "export.graph_builder", "export.graph_numpy", "export.canonical_graph", "export.pipeline_graph",  # pipeline.onnx
     ),
-    "app": (
-        "demo", "demo.__main__", "demo.backends", "demo.methods", "demo.page", "demo.pictures", "demo.server", "demo.uploads",
-        "cli", "__main__",
-    ),
+    "app": ("demo", "demo.__main__", "demo.backends", "demo.methods", "demo.page", "demo.pictures", "demo.server",
+            "demo.uploads", "cli", "__main__"),
 }
 
 
@@ -147,22 +140,68 @@ def test_imports_point_from_higher_layers_to_lower_ones_only(files):
 
 
 def test_the_checks_find_a_planted_upward_import_and_cycle(files, tmp_path):
-    """Where the training loop imported the card (lazily, inside a function), and the card the
-    loop, both checks fail."""
+    """Where the model card imported the training loop (lazily, inside a function), and the
+    loop the card, both checks fail."""
     planted = dict(files)
-    for name, text in (("train", "def f():\n    from .card import write_model_card\n"),
-                       ("card", "from . import train\n")):
+    for name, text in (("hub.card", "def f():\n    from vit_hub.train.loop import Trainer\n"),
+                       ("train.loop", "from vit_hub.hub import card\n")):
         planted[f"{PACKAGE}.{name}"] = tmp_path / f"{name}.py"
         planted[f"{PACKAGE}.{name}"].write_text(text)
     graph = import_graph(planted)
-    assert "vit_hub.train (train) imports vit_hub.card (hub)" in upward_imports(graph, layer_of())
-    assert find_cycle(graph) == ["vit_hub.card", "vit_hub.train", "vit_hub.card"]
+    assert "vit_hub.hub.card (hub) imports vit_hub.train.loop (train)" in upward_imports(graph, layer_of())
+    assert find_cycle(graph) == ["vit_hub.hub.card", "vit_hub.train.loop", "vit_hub.hub.card"]
 
 
 def test_relative_and_absolute_imports_resolve_to_modules(files):
     graph = import_graph(files)
-    assert "vit_hub.data" in graph["vit_hub.loaders"]  # from .data import ...
-    assert "vit_hub.gradients" in graph["vit_hub.attribution"]  # from . import gradients, inside a function
+    assert "vit_hub.data.sources" in graph["vit_hub.train.loaders"]  # from vit_hub.data.sources import ...
+    assert "vit_hub.explain.gradients" in graph["vit_hub.explain.attribution"]  # inside a function
     assert "vit_hub.export.runtime" in graph["vit_hub.export.half"]  # from .runtime import ..., in export/
-    assert "vit_hub.batches" in graph["vit_hub.export.evalset"]  # from vit_hub.batches import ...
-    assert "vit_hub" not in graph["vit_hub.loaders"]  # from . import batches names a module, not the package
+    assert "vit_hub.data.batches" in graph["vit_hub.export.evalset"]  # from vit_hub.data.batches import ...
+    assert "vit_hub" not in graph["vit_hub.train.loaders"]  # `from vit_hub.data import batches` names a module
+
+
+# The picture of the layers in docs/architecture.md -----------------------------------------
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PICTURE_START, PICTURE_END = "<!-- layers: written by `python tests/test_imports.py --write-docs` -->", "<!-- /layers -->"
+
+
+def layer_picture() -> str:
+    """LAYERS drawn top layer first: each layer's folders and their modules, as a text block."""
+    listed = [module for modules in LAYERS.values() for module in modules]
+    packages = {module.rpartition(".")[0] for module in listed if "." in module}
+    lines = []
+    for layer, modules in reversed(LAYERS.items()):
+        by_folder: dict[str, list[str]] = {}
+        for module in modules:
+            if module in packages:
+                continue  # a folder's __init__: the folder itself is drawn
+            folder, _, name = module.rpartition(".")
+            by_folder.setdefault(f"{folder}/" if folder else "vit_hub/", []).append(name or "__init__ (public names)")
+        for index, (folder, names) in enumerate(by_folder.items()):
+            text = textwrap.fill(f"{folder} {', '.join(names)}", 88, subsequent_indent=" " * (len(folder) + 1))
+            lines += textwrap.indent(text, " " * 12).splitlines()
+            if index == 0:
+                lines[-len(text.splitlines())] = f"{layer:<12}" + lines[-len(text.splitlines())][12:]
+    return "```text\n" + "\n".join(lines) + "\n```"
+
+
+def documented_picture() -> str:
+    text = ARCHITECTURE.read_text()
+    return text[text.index(PICTURE_START) + len(PICTURE_START):text.index(PICTURE_END)].strip()
+
+
+def test_the_architecture_page_draws_these_layers():
+    """docs/architecture.md's picture is LAYERS as this file holds it; after a change to
+    LAYERS, `python tests/test_imports.py --write-docs` redraws it."""
+    assert documented_picture() == layer_picture()
+
+
+def write_docs() -> None:
+    text = ARCHITECTURE.read_text()
+    before, after = text[:text.index(PICTURE_START) + len(PICTURE_START)], text[text.index(PICTURE_END):]
+    ARCHITECTURE.write_text(f"{before}\n{layer_picture()}\n{after}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write-docs"]:
+    write_docs()

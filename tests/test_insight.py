@@ -1,4 +1,4 @@
-"""Inside the model (vit_hub/insight.py, insight_figures.py, inspecting.py): known answers for
+"""Inside the model (vit_hub/insight/views.py, insight_figures.py, inspecting.py): known answers for
 every view, each patch embedding, both poolings and positions, the CLI, the card and the app's
 tab. Tiny models, offline."""
 
@@ -17,15 +17,17 @@ import torch
 from conftest import tiny_config
 from PIL import Image
 
-from vit_hub import insight, inspecting
-from vit_hub.card import render_card_text
+from vit_hub.insight import views as insight
+
+from vit_hub.insight import inspect as inspecting
+from vit_hub.hub.card import render_card_text
 from vit_hub.cli import main as cli_main
-from vit_hub.config import ViTConfig
+from vit_hub.model.config import ViTConfig
 from vit_hub.demo import backends, page
-from vit_hub.insight_figures import head_grid, view_images
+from vit_hub.insight.figures import head_grid, view_images
 from vit_hub.layout import INSPECT_FIGURES
-from vit_hub.model import PatchEmbedding
-from vit_hub.pretrained import VisionTransformer
+from vit_hub.model.patches import PatchEmbedding
+from vit_hub.hub.pretrained import HubVisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "models" / "vit-mnist"
@@ -86,7 +88,7 @@ def test_random_attention_matches_a_loop_reference():
 def test_locality_attention_of_a_trained_shape_is_measured(tmp_path):
     """LSA masks the diagonal and learns a temperature: distances stay well defined."""
     torch.manual_seed(0)
-    model = VisionTransformer(**tiny_config(locality_attention=True, pooling="mean")).eval()
+    model = HubVisionTransformer(**tiny_config(locality_attention=True, pooling="mean")).eval()
     pixels = torch.randn(3, 3, 16, 16).numpy()
     per_query, pooled = insight.mean_attention_distance(insight.torch_attend(model), pixels, model.config)
     assert per_query.shape == pooled.shape == (2, 2)
@@ -106,7 +108,7 @@ def test_attentions_of_the_wrong_size_are_refused():
 # 2. Position similarity ---------------------------------------------------------------------
 def test_sincos_positions_are_the_models():
     """The torch-free table the views measure is the one the model adds to its patch tokens."""
-    model = VisionTransformer(**tiny_config(image_size=[12, 20], embed_dim=32, pos_embedding="sincos"))  # 3x5
+    model = HubVisionTransformer(**tiny_config(image_size=[12, 20], embed_dim=32, pos_embedding="sincos"))  # 3x5
     table = insight.position_table(None, model.config)
     assert table.shape == (15, 32)
     np.testing.assert_array_equal(table, model.pos_embedding[0].numpy())
@@ -126,7 +128,7 @@ def test_sincos_similarity_is_one_on_the_diagonal_and_falls_off_with_distance():
 
 def test_learned_positions_come_from_the_weights_or_say_they_need_them():
     torch.manual_seed(0)
-    model = VisionTransformer(**tiny_config(image_size=[16, 24]))  # learned positions, 4x6 grid
+    model = HubVisionTransformer(**tiny_config(image_size=[16, 24]))  # learned positions, 4x6 grid
     weights = insight.torch_weights(model)
     table = insight.position_table(weights, model.config)
     np.testing.assert_allclose(table, model.pos_embedding[0].detach().numpy(), atol=1e-7)
@@ -170,7 +172,7 @@ def test_shifted_filters_are_the_linear_map_on_the_image():
 @pytest.mark.parametrize("kind, channels, side", [("conv", 3, 4), ("shifted", 3, 8), ("shifted", 1, 8)])
 def test_filters_of_linear_patch_embeddings(kind, channels, side):
     torch.manual_seed(0)
-    model = VisionTransformer(**tiny_config(patch_embedding=kind, in_channels=channels))
+    model = HubVisionTransformer(**tiny_config(patch_embedding=kind, in_channels=channels))
     filters = insight.patch_filters(insight.torch_weights(model), model.config, count=6)
     assert filters.components.shape == (6, channels, side, side)
     flat = filters.components.reshape(6, -1)
@@ -180,7 +182,7 @@ def test_filters_of_linear_patch_embeddings(kind, channels, side):
 
 
 def test_a_conv_stem_has_no_patch_filter_and_says_so():
-    model = VisionTransformer(**tiny_config(patch_embedding="convstem"))
+    model = HubVisionTransformer(**tiny_config(patch_embedding="convstem"))
     views = insight.compute_views(model.config, insight.torch_weights(model))
     report = views.report()
     assert report["patch_filter_variance"] is None
@@ -222,7 +224,7 @@ def images(tmp_path_factory) -> Path:
 
 def saved(tmp_path: Path, **overrides) -> Path:
     torch.manual_seed(0)
-    VisionTransformer(**tiny_config(**overrides)).save_pretrained(tmp_path / "model")
+    HubVisionTransformer(**tiny_config(**overrides)).save_pretrained(tmp_path / "model")
     return tmp_path / "model"
 
 
@@ -259,7 +261,7 @@ def test_cli_bad_input_is_one_line(tmp_path, images, capsys, args, message):
 def test_card_shows_the_views_with_their_readings(tmp_path, images):
     model_dir = saved(tmp_path, patch_embedding="convstem")
     pixels, source = inspecting.load_pixels(images, ViTConfig.from_json(model_dir / "config.json"))
-    model = VisionTransformer.from_pretrained(model_dir)
+    model = HubVisionTransformer.from_pretrained(model_dir)
     views = insight.compute_views(model.config, inspecting.read_weights(model_dir), insight.torch_attend(model),
                                   pixels, source)
     inspecting.write_views(views, model_dir)
@@ -304,7 +306,8 @@ def test_figures_leave_pyplot_alone(tmp_path):
     pyplot, whose global state and backend belong to the caller (a notebook keeps its own)."""
     script = (
         "import sys\n"
-        "from vit_hub import insight_figures, plots, sweep\n"
+        "from vit_hub.insight import figures as insight_figures\n"
+        "from vit_hub.train import report as plots, sweep\n"
         f"plots.plot_curves([{{'epoch': 1, 'train_loss': 1.0, 'train_accuracy': 0.5}}], {str(tmp_path / 'c.png')!r})\n"
         f"plots.plot_confusion_matrix([[2, 1], [0, 3]], ['a', 'b'], {str(tmp_path / 'm.png')!r})\n"
         "insight_figures.figure_image(insight_figures._note_figure('t', 'n'))\n"
@@ -317,7 +320,7 @@ def test_figures_leave_pyplot_alone(tmp_path):
 
 def test_the_analyses_and_figures_need_no_torch():
     """The views are measured and drawn beside the app's torch-free ONNX backend (a Space)."""
-    script = ("import sys\nfrom vit_hub import insight, insight_figures\n"
+    script = ("import sys\nfrom vit_hub.insight import figures, views\n"
               "assert 'torch' not in sys.modules, 'torch imported'\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -336,10 +339,10 @@ def test_the_distance_reading_says_each_thing_once():
 
 
 def test_a_card_fine_tuned_in_its_own_folder_says_so_and_names_the_architecture_once(tmp_path):
-    from vit_hub.pretrained import VisionTransformer
+    from vit_hub.hub.pretrained import HubVisionTransformer
 
     model_dir = tmp_path / "again"
-    VisionTransformer(**tiny_config()).save_pretrained(model_dir)
+    HubVisionTransformer(**tiny_config()).save_pretrained(model_dir)
     source = {"kind": "fine-tuned", "source": str(model_dir), "revision": None, "hub": False, "library": "vit_hub",
               "architecture": "vit_hub ViT", "license": "mit", "num_classes": 2, "notes": []}
     (model_dir / "source.json").write_text(json.dumps(source))

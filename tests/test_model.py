@@ -1,4 +1,4 @@
-"""The model and its config: shapes, attention paths, save/load (vit_hub.pretrained), and every input error."""
+"""The model and its config: shapes, attention paths, save/load (vit_hub.hub.pretrained), and every input error."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import torch
 from torch import nn
 from conftest import tiny_config
 
-from vit_hub import pretrained
-from vit_hub.config import DIGIT_LABELS, PRESETS, ViTConfig, suggest_for_data
-from vit_hub.model import Attention, DropPath, PatchEmbedding, VisionTransformer, upgrade_state_dict
-from vit_hub.positions import sincos_positions
+from vit_hub.hub import pretrained
+from vit_hub.model.config import DIGIT_LABELS, PRESETS, ViTConfig, suggest_for_data
+from vit_hub.model.patches import PatchEmbedding
+from vit_hub.model.vit import Attention, DropPath, VisionTransformer, upgrade_state_dict
+from vit_hub.model.positions import sincos_positions
 
 
 def randomized(model: VisionTransformer, seed: int = 0) -> VisionTransformer:
@@ -457,9 +458,9 @@ def test_training_mode_is_random_only_where_asked():
     dict(patch_embedding="convstem"),
 ], ids=["plain", "sincos-shifted-locality", "convstem"])
 def test_save_then_load_gives_identical_logits(tmp_path, options):
-    model = randomized(pretrained.VisionTransformer(**tiny_config(image_size=[16, 24], **options)))
+    model = randomized(pretrained.HubVisionTransformer(**tiny_config(image_size=[16, 24], **options)))
     model.save_pretrained(tmp_path)
-    loaded = pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+    loaded = pretrained.HubVisionTransformer.from_pretrained(str(tmp_path))
     assert not loaded.training
     pixels = images(3, 3, 16, 24)
     assert torch.equal(model(pixels).logits, loaded(pixels).logits)
@@ -469,7 +470,7 @@ def test_save_then_load_gives_identical_logits(tmp_path, options):
 def test_config_round_trip_turns_tuples_into_lists(tmp_path):
     kwargs = dict(image_size=(16, 24), patch_size=(4, 8), in_channels=3, embed_dim=16, depth=1, num_heads=2,
                   mlp_ratio=3, mean=(0.25,), std=(0.5, 0.25, 0.125), labels=("cat", "dog"), drop_path=0.1)
-    model = pretrained.VisionTransformer(**kwargs)
+    model = pretrained.HubVisionTransformer(**kwargs)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["image_size"] == [16, 24] and saved["patch_size"] == [4, 8]
@@ -477,7 +478,7 @@ def test_config_round_trip_turns_tuples_into_lists(tmp_path):
     assert saved["labels"] == ["cat", "dog"] and saved["num_classes"] == 2
     assert saved["mlp_ratio"] == 3.0
     assert set(saved) == set(ViTConfig.__dataclass_fields__)  # every field, defaults included
-    loaded = pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+    loaded = pretrained.HubVisionTransformer.from_pretrained(str(tmp_path))
     assert loaded.config == model.config == ViTConfig(**kwargs)
     assert ViTConfig.from_dict(json.loads(json.dumps(model.config.to_dict()))) == model.config
 
@@ -494,14 +495,14 @@ def test_config_json_rebuilds_an_identical_model(tmp_path):
     """config.json alone holds the architecture: a model built from it, seeded as the saved one
     was, has the same weights, and the saved weights load into it."""
     torch.manual_seed(0)
-    model = pretrained.VisionTransformer(**tiny_config(pos_embedding="sincos", patch_embedding="shifted"))
+    model = pretrained.HubVisionTransformer(**tiny_config(pos_embedding="sincos", patch_embedding="shifted"))
     model.save_pretrained(tmp_path)
     config = ViTConfig.from_json(tmp_path / "config.json")
     torch.manual_seed(0)
     rebuilt = VisionTransformer(config)
     assert rebuilt.config == model.config
     assert_same_weights(rebuilt, model)
-    assert_same_weights(pretrained.VisionTransformer.from_pretrained(str(tmp_path)), model)
+    assert_same_weights(pretrained.HubVisionTransformer.from_pretrained(str(tmp_path)), model)
 
 
 def rewrite_weights(directory, change) -> None:
@@ -512,10 +513,10 @@ def rewrite_weights(directory, change) -> None:
 
 
 def test_loading_with_a_missing_weight_fails_naming_it(tmp_path):
-    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.HubVisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     rewrite_weights(tmp_path, lambda tensors: tensors.pop("blocks.1.mlp.fc1.bias"))
     with pytest.raises(ValueError, match=r"missing \['blocks.1.mlp.fc1.bias'\], unexpected \[\]"):
-        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.HubVisionTransformer.from_pretrained(str(tmp_path))
 
 
 def sequential_mlp_names(tensors) -> None:
@@ -525,11 +526,11 @@ def sequential_mlp_names(tensors) -> None:
 
 
 def test_checkpoints_with_the_sequential_mlp_names_still_load(tmp_path):
-    model = randomized(pretrained.VisionTransformer(**tiny_config()))
+    model = randomized(pretrained.HubVisionTransformer(**tiny_config()))
     model.save_pretrained(tmp_path)
     rewrite_weights(tmp_path, sequential_mlp_names)
     assert "blocks.1.mlp.3.weight" in safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
-    loaded = pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+    loaded = pretrained.HubVisionTransformer.from_pretrained(str(tmp_path))
     assert_same_weights(loaded, model)
     old_state = dict(model.state_dict())
     sequential_mlp_names(old_state)
@@ -550,34 +551,34 @@ def test_upgrade_state_dict_renames_the_sequential_mlp_layers_only():
 
 
 def test_loading_with_an_unexpected_weight_fails_naming_it(tmp_path):
-    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.HubVisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     rewrite_weights(tmp_path, lambda tensors: tensors.update(extra=torch.zeros(2)))
     with pytest.raises(ValueError, match=r"missing \[\], unexpected \['extra'\]"):
-        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.HubVisionTransformer.from_pretrained(str(tmp_path))
 
 
 def test_loading_weights_of_another_shape_fails_with_a_value_error(tmp_path):
-    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.HubVisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "embed_dim": 32}))
     with pytest.raises(ValueError, match="do not match the config"):
-        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.HubVisionTransformer.from_pretrained(str(tmp_path))
 
 
 def test_loading_without_config_or_weights_fails(tmp_path):
-    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.HubVisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="expected weights at .*model.safetensors"):
-        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.HubVisionTransformer.from_pretrained(str(tmp_path))
     (tmp_path / "config.json").unlink()
     with pytest.raises(ValueError, match="has no vit_hub config.json"):
-        pretrained.VisionTransformer.from_pretrained(str(tmp_path))
+        pretrained.HubVisionTransformer.from_pretrained(str(tmp_path))
 
 
 def test_non_strict_load_is_possible_when_asked(tmp_path):
-    pretrained.VisionTransformer(**tiny_config()).save_pretrained(tmp_path)
+    pretrained.HubVisionTransformer(**tiny_config()).save_pretrained(tmp_path)
     rewrite_weights(tmp_path, lambda tensors: tensors.pop("head.bias"))
-    model = pretrained.VisionTransformer.from_pretrained(str(tmp_path), strict=False)
+    model = pretrained.HubVisionTransformer.from_pretrained(str(tmp_path), strict=False)
     assert model.head.bias.shape == (2,)
 
 

@@ -13,7 +13,7 @@ from conftest import digit_on_paper, train_tiny
 from PIL import Image, ImageDraw
 
 from vit_hub.export import OnnxClassifier, export_onnx
-from vit_hub.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "node"

@@ -11,18 +11,18 @@ import pytest
 import torch
 
 from bench.other_methods import OTHER_METHODS, attention_gradient
-from vit_hub.attribution import METHODS
-from vit_hub.explain import explain
-from vit_hub.gradients import attention_gradients
-from vit_hub.pretrained import VisionTransformer
+from vit_hub.explain.attribution import METHODS
+from vit_hub.explain.run import explain
+from vit_hub.explain.gradients import attention_gradients
+from vit_hub.hub.pretrained import HubVisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = sorted(ROOT.glob("models/*/faithfulness.json"))
 
 
-def tiny_model(pooling="cls") -> VisionTransformer:
+def tiny_model(pooling="cls") -> HubVisionTransformer:
     torch.manual_seed(0)
-    model = VisionTransformer(image_size=16, patch_size=4, in_channels=1, num_classes=3, embed_dim=16,
+    model = HubVisionTransformer(image_size=16, patch_size=4, in_channels=1, num_classes=3, embed_dim=16,
                               depth=2, num_heads=2, pooling=pooling).eval()
     with torch.no_grad():  # a non-zero head, so gradients reach the attention
         model.head.weight.normal_()

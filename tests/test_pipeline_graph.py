@@ -17,16 +17,16 @@ from onnx import helper
 from PIL import Image, ImageDraw, ImageOps
 from scipy import ndimage
 
-from vit_hub.canonical import BLANK_IMAGE, EmptyImageError
-from vit_hub.config import ViTConfig
+from vit_hub.processing.canonical import BLANK_IMAGE, EmptyImageError
+from vit_hub.model.config import ViTConfig
 from vit_hub.export import graph_numpy as gn
 from vit_hub.export import pipeline_graph
 from vit_hub.export.graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder
 from vit_hub.export.pipeline_graph import (TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels, preprocessing_graph,
                                            run_pipeline)
 from vit_hub.layout import PIPELINE_INPUT
-from vit_hub.postprocess import softmax
-from vit_hub.preprocess import UPLOAD_MAX_PIXELS, preprocess
+from vit_hub.processing.postprocess import softmax
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, preprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
@@ -217,7 +217,7 @@ def test_the_bundled_pipeline_gives_the_python_paths_probabilities_on_the_sample
 def test_mnist_test_digits_through_the_bundled_pipeline_get_the_python_paths_labels():
     """The first 300 MNIST test digits: the same label as preprocess + model.onnx (the bench
     measures all 10,000)."""
-    from vit_hub.data import load_splits
+    from vit_hub.data.sources import load_splits
     test = load_splits("mnist", None).split("test")
     session = pipeline_graph.pipeline_session(MODEL_DIR / "pipeline.onnx")
     network = pipeline_graph.pipeline_session(MODEL_DIR / "model.onnx")

@@ -400,10 +400,10 @@ time.sleep(60)
 
 @pytest.mark.slow
 def test_the_apps_temporary_onnx_export_is_removed_on_sigterm(tmp_path):
-    from vit_hub.pretrained import VisionTransformer
+    from vit_hub.hub.pretrained import HubVisionTransformer
 
     model_dir = tmp_path / "model"
-    VisionTransformer(**tiny_config()).save_pretrained(model_dir)
+    HubVisionTransformer(**tiny_config()).save_pretrained(model_dir)
     done = subprocess.run([sys.executable, "-c", SIGTERM_AFTER_EXPORT, str(model_dir)], cwd=REPO, env=shell_env(),
                           capture_output=True, text=True, timeout=300)
     exported = Path(done.stdout.strip().splitlines()[-1])

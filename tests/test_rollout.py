@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from vit_hub.errors import UserError
-from vit_hub.pretrained import VisionTransformer
-from vit_hub.rollout import (
+from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.explain.rollout import (
     add_residual, attention_rollout, discard_lowest, fuse_heads, heatmap, last_layer_attention, layer_rollouts,
     overlay,
 )
@@ -180,11 +180,11 @@ def test_bad_shape_is_rejected():
         attention_rollout(np.zeros((2, 3, 5, 5), dtype=np.float32))
 
 
-def tiny_model(image_size=(8, 12), **overrides) -> VisionTransformer:
+def tiny_model(image_size=(8, 12), **overrides) -> HubVisionTransformer:
     torch.manual_seed(0)
     values = dict(image_size=image_size, patch_size=4, in_channels=1, num_classes=3, embed_dim=16,
                   depth=2, num_heads=2)
-    model = VisionTransformer(**(values | overrides)).eval()
+    model = HubVisionTransformer(**(values | overrides)).eval()
     with torch.no_grad():  # a non-zero head, so gradients reach the attention
         model.head.weight.normal_()
     return model

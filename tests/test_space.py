@@ -26,10 +26,10 @@ import yaml
 from conftest import free_port
 
 from hub_double import serving_hub
-from vit_hub.card import HUB_TAGS
+from vit_hub.hub.card import HUB_TAGS
 from vit_hub.cli import main
-from vit_hub.hub import push_to_hub
-from vit_hub.space import MODEL_FOLDER, REQUIREMENTS, SETTINGS_FILE, SPACE_APP, read_settings, write_space
+from vit_hub.hub.repos import push_to_hub
+from vit_hub.hub.space import MODEL_FOLDER, REQUIREMENTS, SETTINGS_FILE, SPACE_APP, read_settings, write_space
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"

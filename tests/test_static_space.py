@@ -1,4 +1,4 @@
-"""`vit-hub space --static` (vit_hub/static_space.py and the page in vit_hub/static_page): the folder
+"""`vit-hub space --static` (vit_hub/hub/static_space.py and the page in vit_hub/hub/static_page): the folder
 it writes, served by a plain static server on 127.0.0.1 and opened in Debian's headless chromium,
 classifies the samples and generated uploads as the Python app does, fetches nothing from
 elsewhere, and fits a static Space. `make install-dev` fetches onnxruntime-web's npm tarball into
@@ -19,8 +19,8 @@ from PIL import Image, ImageDraw
 from bench.static_space import serve, wait_for_label
 from vit_hub.errors import UserError
 from vit_hub.export import OnnxClassifier
-from vit_hub.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
-from vit_hub.static_space import ORT_WEB_VERSION, onnxruntime_web, write_static_space
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
+from vit_hub.hub.static_space import ORT_WEB_VERSION, onnxruntime_web, write_static_space
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"

@@ -16,23 +16,26 @@ from conftest import TINY_MODEL, TINY_RUN, read_json, tiny_config, train_flags
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from vit_hub import checkpoint, cli
-from vit_hub import data as vdata
-from vit_hub import batches
-from vit_hub.checkpoint import load_checkpoint, read_checkpoint_state, save_checkpoint
-from vit_hub.config import DIGIT_LABELS, PRESETS, ConfigError, ViTConfig
-from vit_hub.distributed import stop_runtime
-from vit_hub.evaluation import evaluate, shift_warning
-from vit_hub.flops import TOTAL, count_flops, flop_rates, module_flops, peak_flops, training_flops
+from vit_hub import cli
+
+from vit_hub.train import checkpoint
+from vit_hub.data import sources as vdata
+from vit_hub.data import batches
+from vit_hub.train.checkpoint import load_checkpoint, read_checkpoint_state, save_checkpoint
+from vit_hub.model.config import DIGIT_LABELS, PRESETS, ViTConfig
+from vit_hub.model.fields import ConfigError
+from vit_hub.train.distributed import stop_runtime
+from vit_hub.train.evaluation import evaluate, shift_warning
+from vit_hub.model.flops import TOTAL, count_flops, flop_rates, module_flops, peak_flops, training_flops
 from vit_hub.layout import INSPECT_FIGURES, ModelDir
-from vit_hub.model import ViTOutput
-from vit_hub.pretrained import VisionTransformer
-from vit_hub.preprocess import preprocess
-from vit_hub.schedule import Schedule, default_batch_size, default_epochs, learning_rate, peak_learning_rate
-from vit_hub.settings import TrainingError, TrainSettings
-from vit_hub.step import choose_compile, parameter_groups
-from vit_hub.train import Trainer, build_config, build_trainer
-from vit_hub.training_run import train
+from vit_hub.model.vit import ViTOutput
+from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.processing.preprocess import preprocess
+from vit_hub.train.schedule import Schedule, default_batch_size, default_epochs, learning_rate, peak_learning_rate
+from vit_hub.train.settings import TrainingError, TrainSettings
+from vit_hub.train.step import choose_compile, parameter_groups
+from vit_hub.train.loop import Trainer, build_config, build_trainer
+from vit_hub.train.run import train
 
 CHECKPOINT = ModelDir.checkpoint
 
@@ -118,7 +121,7 @@ def test_the_loop_writes_what_training_produces_and_the_run_adds_the_card_and_vi
     assert sorted(path.name for path in loop.folder.iterdir()) == sorted(
         [ModelDir.config, ModelDir.weights, ModelDir.metrics, ModelDir.curves, ModelDir.confusion_matrix, CHECKPOINT])
     resaved = tmp_path / "resaved"
-    VisionTransformer.from_pretrained(str(loop.folder)).save_pretrained(resaved)
+    HubVisionTransformer.from_pretrained(str(loop.folder)).save_pretrained(resaved)
     for name in (ModelDir.config, ModelDir.weights):  # byte for byte what the Hub mixin writes
         assert (resaved / name).read_bytes() == (loop.folder / name).read_bytes(), name
 
@@ -197,7 +200,7 @@ def test_config_stores_labels_and_the_training_split_mean_and_std(learned_run, i
 
 
 def test_saved_model_reproduces_the_final_accuracy(learned_run, image_folder):
-    model = VisionTransformer.from_pretrained(str(learned_run["out"]))
+    model = HubVisionTransformer.from_pretrained(str(learned_run["out"]))
     splits = vdata.load_splits(str(image_folder), val_split=0.25, seed=0)
     loader = batches.make_loader(batches.Transformed(splits.val, batches.EvalTransform(model.config)), 64,
                                shuffle=False, seed=0, num_workers=0, pin_memory=False)
@@ -348,7 +351,7 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes_to_the_same_result(split_image_
     assert f"interrupted; continue with: vit-hub train --resume --out {out}" in capsys.readouterr().err
     state = read_checkpoint_state(out)
     assert state["epoch"] == 1 and len(state["history"]) == 1
-    VisionTransformer.from_pretrained(str(out))  # the best model so far is loadable too
+    HubVisionTransformer.from_pretrained(str(out))  # the best model so far is loadable too
 
     monkeypatch.setattr(Schedule, "lr_at", original_lr_at)
     assert cli.main(["train", "--resume", "--out", str(out)]) == 0
@@ -421,7 +424,7 @@ def test_without_preset_the_architecture_is_chosen_from_the_data(split_image_fol
     splits = vdata.load_splits(str(split_image_folder))
     config = build_config(tiny_settings(split_image_folder, tmp_path, model={}), splits)
     # 30 small RGB images (median side ~35 px): 32x32 inputs and the small-data tricks; grayscale,
-    # since brightness alone tells a bright disc from a dark square (vit_hub/colour.py)
+    # since brightness alone tells a bright disc from a dark square (vit_hub/data/colour.py)
     assert (config.image_size, config.patch_size, config.in_channels) == ([32, 32], [4, 4], 1)
     assert config.pixel_norm == "dataset"  # images of 40 px or less are not photos
     assert config.patch_embedding == "convstem" and config.locality_attention and config.drop_path > 0
@@ -461,7 +464,7 @@ def test_default_epochs_see_about_200k_samples_within_bounds():
 
 
 def test_weight_decay_spares_biases_norms_positions_and_class_token():
-    model = VisionTransformer(**tiny_config(depth=1))
+    model = HubVisionTransformer(**tiny_config(depth=1))
     decay, no_decay = parameter_groups(model, 0.05)
     names = {id(parameter): name for name, parameter in model.named_parameters()}
     decayed = sorted(names[id(p)] for p in decay["params"])
@@ -473,7 +476,7 @@ def test_weight_decay_spares_biases_norms_positions_and_class_token():
 
 def test_checkpoint_round_trip_restores_model_and_optimizer_exactly(tmp_path):
     torch.manual_seed(0)
-    model = VisionTransformer(**tiny_config(locality_attention=True))
+    model = HubVisionTransformer(**tiny_config(locality_attention=True))
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=1e-3)
     for _ in range(2):
         optimizer.zero_grad()
@@ -482,7 +485,7 @@ def test_checkpoint_round_trip_restores_model_and_optimizer_exactly(tmp_path):
     save_checkpoint(tmp_path / CHECKPOINT, model, optimizer, {"epoch": 3, "note": "hi"})
     assert [path.name for path in tmp_path.iterdir()] == [CHECKPOINT]  # no partial file left
 
-    restored = VisionTransformer(**tiny_config(locality_attention=True))
+    restored = HubVisionTransformer(**tiny_config(locality_attention=True))
     restored_optimizer = torch.optim.AdamW(parameter_groups(restored, 0.05), lr=1e-3)
     state = load_checkpoint(tmp_path / CHECKPOINT, restored, restored_optimizer)
     assert state == {"epoch": 3, "note": "hi"}
@@ -518,7 +521,7 @@ def test_presets_all_train_one_step():
     for name in PRESETS:
         values = {**PRESETS[name], "image_size": 32, "patch_size": 8, "depth": 1, "num_classes": None,
                   "labels": ["a", "b"]}
-        model = VisionTransformer(**values).train()
+        model = HubVisionTransformer(**values).train()
         optimizer = torch.optim.AdamW(parameter_groups(model, 0.05), lr=1e-3)
         loss = model(torch.randn(2, model.config.in_channels, 32, 32)).logits.logsumexp(-1).mean()
         loss.backward()
@@ -571,7 +574,7 @@ def test_the_training_log_says_how_the_step_runs(learned_run):
 def test_flops_are_counted_on_the_meta_device_as_on_real_tensors():
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = VisionTransformer(**tiny_config(dropout=0.1))
+    model = HubVisionTransformer(**tiny_config(dropout=0.1))
     counter = FlopCounterMode(display=False)
     with counter, torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         model(torch.randn(1, 3, 16, 16)).logits.sum().backward()
@@ -584,13 +587,13 @@ def test_inference_flops_are_counted_on_the_meta_device_as_on_real_tensors():
     """`vit-hub info`'s per-layer counts: the forward pass in eval mode, module by module."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = VisionTransformer(**tiny_config(dropout=0.1, pooling="mean")).eval()
+    model = HubVisionTransformer(**tiny_config(dropout=0.1, pooling="mean")).eval()
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad(), torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         model(torch.randn(1, 3, 16, 16))
     counts = count_flops(model)
     assert counts == counter.get_flop_counts() and module_flops(counts, TOTAL) > 0
-    assert module_flops(counts, "VisionTransformer.blocks.0.attention") > 0
+    assert module_flops(counts, "HubVisionTransformer.blocks.0.attention") > 0
     assert training_flops(model) > module_flops(counts, TOTAL)  # the backward pass is counted too
     assert not model.training  # the count leaves the model as it was
 

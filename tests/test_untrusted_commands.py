@@ -15,9 +15,10 @@ import timm
 from conftest import TINY_TRAIN_FLAGS, assert_one_line
 
 from vit_hub.cli import main
-from vit_hub.config import ConfigError, ViTConfig
-from vit_hub.converting import distinct
-from vit_hub.settings import OUT_LOCK, holding_out
+from vit_hub.model.config import ViTConfig
+from vit_hub.model.fields import ConfigError
+from vit_hub.hub.key_mapping import distinct
+from vit_hub.train.settings import OUT_LOCK, holding_out
 
 
 def run_vit_hub(*argv) -> tuple[int, str]:

@@ -36,8 +36,8 @@ from vit_hub.export.exporter import write_graph
 from vit_hub.export.graph_check import WEIGHTS_SHA256, check_graph, weights_sha256
 from vit_hub.export.half import convert_to_fp16
 from vit_hub.export.quantize import quantize_int8
-from vit_hub.config import ViTConfig
-from vit_hub.pretrained import VisionTransformer
+from vit_hub.model.config import ViTConfig
+from vit_hub.hub.pretrained import HubVisionTransformer
 
 REPO = Path(__file__).resolve().parents[1]
 ADDRESS_SPACE_LIMIT = 3 * 2**30  # for children that load hostile graphs: well under what the graphs ask for
@@ -52,7 +52,7 @@ def model_dir(tmp_path_factory) -> Path:
     """A tiny RGB model dir (16x16, patch 4: 17 tokens, depth 2, 2 heads, 2 classes) with its graphs."""
     folder = tmp_path_factory.mktemp("untrusted_graphs")
     torch.manual_seed(0)
-    VisionTransformer(**tiny_config()).save_pretrained(folder)
+    HubVisionTransformer(**tiny_config()).save_pretrained(folder)
     export_onnx(folder, folder, output_attentions=True)
     return folder
 
@@ -267,7 +267,7 @@ def test_every_graph_the_exporter_writes_passes_within_the_stated_margins(varian
     from vit_hub.export import graph_check
 
     config = ViTConfig(**VARIANTS[variant])
-    model = VisionTransformer(**config.to_dict()).eval()
+    model = HubVisionTransformer(**config.to_dict()).eval()
     graphs = []
     for exporter, opset, attentions in [("torchscript", 18, False), ("torchscript", 17, True), ("dynamo", 18, True),
                                         ("dynamo", 23, False)]:
@@ -302,7 +302,7 @@ def retrained(model_dir, tmp_path_factory) -> Path:
     """The same model dir after a retrain: other weights, its graphs exported (into another folder)."""
     folder = tmp_path_factory.mktemp("retrained")
     torch.manual_seed(1)
-    VisionTransformer(**tiny_config()).save_pretrained(folder)
+    HubVisionTransformer(**tiny_config()).save_pretrained(folder)
     export_onnx(folder, folder, output_attentions=True)
     return folder
 

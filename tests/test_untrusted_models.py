@@ -28,11 +28,11 @@ from conftest import TINY_TRAIN_FLAGS, assert_one_line, free_port, run_app_main,
 from hub_double import serving_hub
 
 from vit_hub import cli
-from vit_hub.card import render_card_text
+from vit_hub.hub.card import render_card_text
 from vit_hub.demo import backends, methods
-from vit_hub.hub import HubError, push_to_hub
+from vit_hub.hub.repos import HubError, push_to_hub
 from vit_hub.layout import ModelDir
-from vit_hub.pretrained import VisionTransformer, load_model
+from vit_hub.hub.pretrained import HubVisionTransformer, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
@@ -103,7 +103,7 @@ def assert_refused_by_python_cli_and_app(model_dir: Path, message: str, loads=(l
 def model_dir(tmp_path_factory) -> Path:
     """A tiny model dir (16x16 RGB, two blocks of width 16): about 19 KB of weights."""
     folder = tmp_path_factory.mktemp("untrusted") / "tiny"
-    VisionTransformer(**tiny_config()).save_pretrained(folder)
+    HubVisionTransformer(**tiny_config()).save_pretrained(folder)
     return folder
 
 
@@ -111,7 +111,7 @@ def model_dir(tmp_path_factory) -> Path:
 def sincos_dir(tmp_path_factory) -> Path:
     """The tiny model with fixed sin-cos positions: no stored weight grows with the image size."""
     folder = tmp_path_factory.mktemp("untrusted") / "sincos"
-    VisionTransformer(**tiny_config(pos_embedding="sincos")).save_pretrained(folder)
+    HubVisionTransformer(**tiny_config(pos_embedding="sincos")).save_pretrained(folder)
     return folder
 
 
@@ -120,7 +120,7 @@ CHILD = textwrap.dedent("""
     import contextlib, io, json, resource, sys
 
     from vit_hub import cli
-    from vit_hub.pretrained import VisionTransformer, load_model
+    from vit_hub.hub.pretrained import HubVisionTransformer, load_model
 
     def vm_size():
         for line in open("/proc/self/status"):
@@ -139,7 +139,7 @@ CHILD = textwrap.dedent("""
         if entry == "load_model":
             load_model(model_dir)
         elif entry == "from_pretrained":
-            VisionTransformer.from_pretrained(model_dir)
+            HubVisionTransformer.from_pretrained(model_dir)
         else:  # vit-hub ENTRY --model DIR ...
             argv = {"predict": ["predict", "--model", model_dir, sample], "info": ["info", "--model", model_dir]}
             err = io.StringIO()
@@ -226,7 +226,7 @@ def never_built(monkeypatch):
     def built(*args, **kwargs):
         raise AssertionError("the model was built before its weights were checked")
 
-    monkeypatch.setattr(VisionTransformer, "__init__", built)
+    monkeypatch.setattr(HubVisionTransformer, "__init__", built)
 
 
 @pytest.mark.parametrize("change, fragment", [
@@ -290,7 +290,7 @@ def test_a_config_field_of_the_wrong_type_is_one_line_everywhere(model_dir, tmp_
     else:
         hostile = with_config(model_dir, tmp_path / "hostile", **changes)
     assert_refused_by_python_cli_and_app(hostile, message,
-                                         (load_model, lambda folder: VisionTransformer.from_pretrained(str(folder))))
+                                         (load_model, lambda folder: HubVisionTransformer.from_pretrained(str(folder))))
 
 
 @pytest.mark.parametrize("content", [
@@ -332,7 +332,7 @@ def assert_card_escapes(card: str) -> None:
 
 def test_hostile_labels_and_folder_names_are_escaped_in_the_model_card(tmp_path):
     folder = tmp_path / "<b>model|name"
-    VisionTransformer(**tiny_config(labels=HOSTILE_LABELS)).save_pretrained(folder)
+    HubVisionTransformer(**tiny_config(labels=HOSTILE_LABELS)).save_pretrained(folder)
     assert_card_escapes(render_card_text(folder))
     assert "# &lt;b&gt;model\\|name" in render_card_text(folder)
 
@@ -377,7 +377,7 @@ def test_push_refuses_weights_linked_out_of_the_model_dir_even_when_they_fit_the
     """model.safetensors linked to another model's weights (same shapes, valid safetensors): every
     check of the file itself passes, so only the link check stands between them and the Hub."""
     private = tmp_path / "private" / "model.safetensors"
-    VisionTransformer(**tiny_config()).save_pretrained(private.parent)
+    HubVisionTransformer(**tiny_config()).save_pretrained(private.parent)
     folder = shutil.copytree(model_dir, tmp_path / "model")
     (folder / ModelDir.weights).unlink()
     (folder / ModelDir.weights).symlink_to(private)

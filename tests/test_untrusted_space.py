@@ -18,9 +18,9 @@ from onnx import TensorProto, helper
 from hub_double import serving_hub
 from vit_hub.cli import main
 from vit_hub.errors import UserError
-from vit_hub.hub import push_to_hub
-from vit_hub.importing import SourceFiles, source_license
-from vit_hub.space import MARKER_FILE, SETTINGS_FILE, read_settings
+from vit_hub.hub.repos import push_to_hub
+from vit_hub.hub.import_model import SourceFiles, source_license
+from vit_hub.hub.space import MARKER_FILE, SETTINGS_FILE, read_settings
 from vit_hub.storage import MAX_CARD_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,12 +22,12 @@ from conftest import CLASSES, TINY_TRAIN_FLAGS, assert_one_line, read_json, writ
 from safetensors.torch import load_file
 from test_bad_input import listing, run_vit_hub
 
-from vit_hub import data as vdata
-from vit_hub.checkpoint import read_checkpoint_state
-from vit_hub.data import DataError
+from vit_hub.data import sources as vdata
+from vit_hub.train.checkpoint import read_checkpoint_state
+from vit_hub.data.sources import DataError
 from vit_hub.layout import ModelDir
-from vit_hub.settings import TrainingError, TrainSettings
-from vit_hub.training_run import train
+from vit_hub.train.settings import TrainingError, TrainSettings
+from vit_hub.train.run import train
 
 CHECKPOINT = ModelDir.checkpoint
 
@@ -56,7 +56,7 @@ def assert_each_image_once_under_its_own_class(samples: list[tuple[str, int]], c
 LIST_IN_A_CHILD = textwrap.dedent("""
     import json, resource, sys, time
     from pathlib import Path
-    from vit_hub.data import index_image_folder
+    from vit_hub.data.sources import index_image_folder
 
     # The listing may use 256 MB more than the interpreter already holds, then MemoryError.
     size = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
@@ -193,7 +193,7 @@ def test_out_inside_data_is_refused_in_one_line_before_anything_is_written(tmp_p
 
 
 def test_a_sweep_out_inside_data_is_refused_before_its_folder_is_made(tmp_path):
-    from vit_hub.sweep import sweep
+    from vit_hub.train.sweep import sweep
 
     root = class_folders(tmp_path / "data")
     with pytest.raises(TrainingError) as error:
@@ -314,10 +314,12 @@ PAUSE_AT_A_POINT = textwrap.dedent('''
         return paused
 
 
-    # the checkpoint and the best weights (vit_hub.checkpoint; the weights through save_model)
+    # the checkpoint and the best weights (vit_hub.train.checkpoint; the weights through save_model)
     # are written by safetensors' save_file: patched before vit_hub imports it
     safetensors.torch.save_file = half_a_file_then_pause(safetensors.torch.save_file)
-    from vit_hub import run_report, schedule, train  # noqa: E402
+    from vit_hub.train import report as run_report  # noqa: E402
+    from vit_hub.train import schedule
+    from vit_hub.train import loop as train
     from vit_hub.layout import ModelDir  # noqa: E402
 
     steps = []

@@ -32,7 +32,7 @@ import gradio as gr  # noqa: E402
 
 from vit_hub.demo import uploads  # noqa: E402
 from vit_hub.errors import UserError  # noqa: E402
-from vit_hub.preprocess import MAX_PIXELS, open_image, pixel_limit  # noqa: E402
+from vit_hub.processing.preprocess import MAX_PIXELS, open_image, pixel_limit  # noqa: E402
 
 SAMPLE = ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
 CONTROLS = ("mean", 0.0, 3, "rollout")  # head fusion, discard ratio, top-k, method

@@ -1,7 +1,7 @@
 """vit_hub: a Vision Transformer from scratch, trained on any image folder, shipped to the
 Hugging Face Hub, ONNX Runtime and a Gradio app with attention-rollout overlays.
 
-Importing the package is light: `vit_hub.config` and `vit_hub.preprocess` need no torch
+Importing the package is light: `vit_hub.model.config` and `vit_hub.processing.preprocess` need no torch
 (the ONNX runtime uses them), and the torch-based names below load on first use.
 """
 
@@ -12,16 +12,19 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "PRESETS": "config", "ViTConfig": "config", "VisionTransformer": "pretrained",
-    "load_model": "pretrained", "push_to_hub": "hub", "pull": "hub", "predict_images": "predict",
+_LAZY = {  # public name -> (module, its name there)
+    "PRESETS": ("model.config", "PRESETS"), "ViTConfig": ("model.config", "ViTConfig"),
+    "VisionTransformer": ("hub.pretrained", "HubVisionTransformer"), "load_model": ("hub.pretrained", "load_model"),
+    "predict_images": ("hub.pretrained", "predict_images"), "push_to_hub": ("hub.repos", "push_to_hub"),
+    "pull": ("hub.repos", "pull"),
 }
 __all__ = list(_LAZY)
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        module, attribute = _LAZY[name]
+        return getattr(import_module(f".{module}", __name__), attribute)
     raise AttributeError(f"module 'vit_hub' has no attribute {name!r}")
 
 

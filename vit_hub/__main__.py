@@ -1,3 +1,3 @@
-from .cli import main
+from vit_hub.cli import main
 
 raise SystemExit(main())

@@ -5,16 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
-from inspect import cleandoc
 from pathlib import Path
 
-from .config import PRESETS, ViTConfig, size_text
-from .console import OneLineErrorParser, default_text, run_reporting_errors
-from .errors import UserError
-from .hub_cli import add_hub_commands, run_pull, run_push
-from .layout import ModelDir
+from vit_hub.model.config import PRESETS, ViTConfig, size_text
+from vit_hub.console import OneLineErrorParser, add_field_flags, run_reporting_errors
+from vit_hub.errors import UserError
+from vit_hub.hub.push_pull import add_hub_commands, run_pull, run_push
+from vit_hub.layout import ModelDir
 
 DESCRIPTION = ("Train a Vision Transformer on a folder of images, evaluate it, push it to the Hugging Face Hub "
                "and see what it learned. Each command's --help lists its flags and their defaults.")
@@ -25,84 +23,9 @@ EXAMPLES = """examples:
 """
 
 
-def _size(text: str):
-    """'28' -> 28, '32x48' -> [32, 48]."""
-    try:
-        parts = [int(part) for part in text.lower().split("x")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 28 or 32x48, got {text!r}") from None
-    if len(parts) == 1:
-        return parts[0]
-    if len(parts) == 2:
-        return parts
-    raise argparse.ArgumentTypeError(f"expected a size like 28 or 32x48, got {text!r}")
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
-# Argument type of a dataclass field, by its annotation (a string under `from __future__ import annotations`).
-FLAG_TYPES = {
-    "int": int, "int | None": int, "float": float, "float | None": float, "str": str, "str | None": str,
-    "int | list[int]": _size, "float | list[float] | None": _floats,
-}
-
-
-def field_help(cls: type) -> dict[str, str]:
-    """Each field's description, read from the `Args:` section of the class docstring
-    (a line `name: text` or `name, other: text`, continued on more-indented lines)."""
-    helps: dict[str, str] = {}
-    names: list[str] = []
-    for line in cleandoc(cls.__doc__ or "").partition("Args:")[2].splitlines():
-        entry = re.fullmatch(r" {4}(\w+(?:, \w+)*): (.*)", line)
-        if entry:
-            names = entry[1].split(", ")
-            helps.update(dict.fromkeys(names, entry[2]))
-        elif line.startswith(" " * 8):
-            helps.update({name: f"{helps[name]} {line.strip()}" for name in names})
-    return helps
-
-
-def add_field_flags(group, cls: type, names: tuple[str, ...], set_first_by: str = "",
-                    notes: dict[str, str] | None = None) -> None:
-    """One `--flag-name` per dataclass field in `names`: type from the annotation, choices
-    from `one_of`, help from the docstring (plus `notes[name]`). Every flag defaults to None
-    (not given), so the dataclass keeps the one copy of each default, which --help shows;
-    `set_first_by` names what sets the field before the dataclass default applies."""
-    helps = field_help(cls)
-    for field in dataclasses.fields(cls):
-        if field.name not in names:
-            continue
-        flag = field.metadata.get("flag", "--" + field.name.replace("_", "-"))
-        text = ". ".join(filter(None, [helps.get(field.name, "").rstrip("."), (notes or {}).get(field.name)]))
-        text = text.replace("%", "%%")
-        text += _default_note(field, set_first_by) if "default" not in text else ""
-        options = dict(dest=field.name, default=None, help=text, choices=field.metadata.get("choices"))
-        if field.type in ("bool", "bool | None"):
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
-            continue
-        if field.type not in FLAG_TYPES:
-            raise TypeError(f"{cls.__name__}.{field.name}: no command-line type for the annotation {field.type!r}")
-        metavar = None if options["choices"] else flag.lstrip("-").upper().replace("-", "_")
-        group.add_argument(flag, type=FLAG_TYPES[field.type], metavar=metavar, **options)
-
-
-def _default_note(field: dataclasses.Field, set_first_by: str) -> str:
-    """' (default: ...)' for a field's flag: the dataclass default, after `set_first_by`."""
-    value = None if field.default in (dataclasses.MISSING, "") else field.default
-    shown = None if value is None else default_text(value)
-    if set_first_by:
-        return f" (default: {set_first_by}" + (f", else {shown})" if shown is not None else ")")
-    return f" (default: {shown})" if shown is not None else ""
-
-
 def data_help(what: str) -> str:
     """What a --data flag accepts, from the lists the data loader reads."""
-    from .settings import TORCHVISION_DATASETS
+    from vit_hub.data.choices import TORCHVISION_DATASETS
 
     return (f"{what}: an image folder (FOLDER/CLASS/IMAGE, or FOLDER/train/ beside test/ and/or val/), "
             f"'mnist' (the bundled copy, offline) or a torchvision dataset ({', '.join(TORCHVISION_DATASETS)}) "
@@ -117,7 +40,7 @@ def preset_help() -> str:
 
 
 def _add_training_flags(parser: argparse.ArgumentParser, data_required: bool = True) -> None:
-    from .settings import MODEL_FIELDS, TrainSettings
+    from vit_hub.train.settings import MODEL_FIELDS, TrainSettings
 
     needed = "" if data_required else " (default: none; needed unless --resume, which reads the run's own)"
     parser.add_argument("--data", required=data_required, help=data_help("images to train on") + needed)
@@ -259,7 +182,7 @@ def _add_space(commands) -> None:
 
 def _param_help() -> str:
     """What --param accepts, from the names `vit-hub sweep` varies."""
-    from .settings import MODEL_FIELDS, TRAINING_FIELDS
+    from vit_hub.train.settings import MODEL_FIELDS, TRAINING_FIELDS
 
     return (f"a setting to vary, one run per value (repeat for more settings), e.g. num_heads=2,4,8; NAME is a "
             f"model field ({', '.join(MODEL_FIELDS)}) or a training setting ({', '.join(TRAINING_FIELDS)})")
@@ -268,7 +191,7 @@ def _param_help() -> str:
 def _given_settings(args: argparse.Namespace) -> dict:
     """The TrainSettings fields whose flags were given (every flag defaults to None), the
     ViTConfig ones under `model`."""
-    from .settings import MODEL_FIELDS, TrainSettings
+    from vit_hub.train.settings import MODEL_FIELDS, TrainSettings
 
     def given(names) -> dict:
         return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
@@ -279,14 +202,14 @@ def _given_settings(args: argparse.Namespace) -> dict:
 
 def _settings(args: argparse.Namespace):
     """TrainSettings from the flags that were given; the dataclass supplies the rest."""
-    from .settings import TrainSettings, command_line
+    from vit_hub.train.settings import TrainSettings, command_line
 
     return TrainSettings(**_given_settings(args), command=command_line(getattr(args, "argv", None)))
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from .settings import TrainSettings
-    from .training_run import train
+    from vit_hub.train.settings import TrainSettings
+    from vit_hub.train.run import train
 
     if args.resume:  # the checkpoint's own settings are replayed; flags given again must match them
         flags = {name: value for name, value in _given_settings(args).items() if name != "out"}
@@ -299,10 +222,10 @@ def run_train(args: argparse.Namespace) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    from .batches import EvalTransform, Transformed, default_workers, make_loader
-    from .data import load_splits
-    from .pretrained import load_model
-    from .evaluation import evaluate
+    from vit_hub.data.batches import EvalTransform, Transformed, default_workers, make_loader
+    from vit_hub.data.sources import load_splits
+    from vit_hub.hub.pretrained import load_model
+    from vit_hub.train.evaluation import evaluate
 
     model = load_model(args.model)
     splits = load_splits(args.data, args.data_root, args.val_split, args.seed)
@@ -320,8 +243,8 @@ def run_eval(args: argparse.Namespace) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> None:
-    from .pretrained import load_model
-    from .predict import predict_images
+    from vit_hub.hub.pretrained import load_model
+    from vit_hub.hub.pretrained import predict_images
 
     model = load_model(args.model)
     for path, ranked in zip(args.images, predict_images(model, args.images, args.top_k)):
@@ -330,11 +253,11 @@ def run_predict(args: argparse.Namespace) -> None:
 
 
 def run_info(args: argparse.Namespace) -> None:
-    from .model import VisionTransformer
-    from .summary import summarize
+    from vit_hub.model.vit import VisionTransformer
+    from vit_hub.model.flops import summarize
 
     if args.model:
-        from .pretrained import load_model
+        from vit_hub.hub.pretrained import load_model
 
         model = load_model(args.model)
     else:
@@ -343,16 +266,16 @@ def run_info(args: argparse.Namespace) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> None:
-    from .sweep import parse_param, sweep
+    from vit_hub.train.sweep import parse_param, sweep
 
     print(sweep(_settings(args), [parse_param(text) for text in args.param], Path(args.out), args.overwrite,
                 args.resume))
 
 
 def run_import(args: argparse.Namespace) -> None:
-    from .fine_tune import describe
-    from .importing import import_model, write_model_dir
-    from .settings import command_line
+    from vit_hub.hub.fine_tune import describe
+    from vit_hub.hub.import_model import import_model, write_model_dir
+    from vit_hub.train.settings import command_line
 
     imported = import_model(args.source, args.revision, args.token)
     out = write_model_dir(imported, args.out, command_line(getattr(args, "argv", None)))
@@ -366,8 +289,8 @@ def run_import(args: argparse.Namespace) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> None:
-    from .inspecting import inspect_model
-    from .pretrained import load_model
+    from vit_hub.insight.inspect import inspect_model
+    from vit_hub.hub.pretrained import load_model
 
     model = load_model(args.model)
     written = inspect_model(model, args.out, args.data, args.data_root, args.split, args.samples, args.seed)
@@ -375,18 +298,18 @@ def run_inspect(args: argparse.Namespace) -> None:
 
 
 def run_space(args: argparse.Namespace) -> None:
-    from .space import push_space, space_url, write_space
+    from vit_hub.hub.space import push_space, space_url, write_space
 
     out = Path(args.out or args.repo_id.rpartition("/")[2])
     if args.static:
-        from .static_space import write_static_space
+        from vit_hub.hub.static_space import write_static_space
 
         written = write_static_space(args.model, out, args.repo_id, args.onnxruntime_web, args.demo_url)
         size = sum((out / name).stat().st_size for name in written.files)
         print(f"wrote the static Space to {out}: {len(written.files)} files, {size / 1e6:.1f} MB, running "
               f"{args.model}'s pipeline.onnx in the browser")
     else:
-        from .export.graph_check import check_graph  # what the Space's app checks at start, checked now
+        from vit_hub.export.graph_check import check_graph  # what the Space's app checks at start, checked now
 
         written = write_space(args.model, out, args.repo_id, args.revision, args.token, check_graph=check_graph)
         served = (f"{written.settings.model}@{written.settings.revision}" if written.settings.revision

@@ -1,13 +1,18 @@
 """What every command line here shares (`vit-hub`, `python -m vit_hub.export`, `app.py`): a usage
-error or a user's mistake is one line on stderr and an exit code, never a traceback."""
+error or a user's mistake is one line on stderr and an exit code, never a traceback; and flags
+made from a dataclass's fields (`add_field_flags`: type, choices, help and default from the
+field), so each setting is written once."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 import sys
+from inspect import cleandoc
 from typing import Any, Callable
 
-from .errors import UserError
+from vit_hub.errors import UserError
 
 # Errors a user can cause (a bad value, file or upload, a path that is not there or not
 # theirs); printed as one line. Any other exception is a bug and keeps its traceback.
@@ -62,3 +67,79 @@ def run_reporting_errors(action: Callable[[], Any], failed_checks: tuple[type[Ex
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+# Flags from a dataclass's fields ------------------------------------------------------------
+def _size(text: str):
+    """'28' -> 28, '32x48' -> [32, 48]."""
+    try:
+        parts = [int(part) for part in text.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 28 or 32x48, got {text!r}") from None
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return parts
+    raise argparse.ArgumentTypeError(f"expected a size like 28 or 32x48, got {text!r}")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+# Argument type of a dataclass field, by its annotation (a string under `from __future__ import annotations`).
+FLAG_TYPES = {
+    "int": int, "int | None": int, "float": float, "float | None": float, "str": str, "str | None": str,
+    "int | list[int]": _size, "float | list[float] | None": _floats,
+}
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Each field's description, read from the `Args:` section of the class docstring
+    (a line `name: text` or `name, other: text`, continued on more-indented lines)."""
+    helps: dict[str, str] = {}
+    names: list[str] = []
+    for line in cleandoc(cls.__doc__ or "").partition("Args:")[2].splitlines():
+        entry = re.fullmatch(r" {4}(\w+(?:, \w+)*): (.*)", line)
+        if entry:
+            names = entry[1].split(", ")
+            helps.update(dict.fromkeys(names, entry[2]))
+        elif line.startswith(" " * 8):
+            helps.update({name: f"{helps[name]} {line.strip()}" for name in names})
+    return helps
+
+
+def add_field_flags(group, cls: type, names: tuple[str, ...], set_first_by: str = "",
+                    notes: dict[str, str] | None = None) -> None:
+    """One `--flag-name` per dataclass field in `names`: type from the annotation, choices
+    from `one_of`, help from the docstring (plus `notes[name]`). Every flag defaults to None
+    (not given), so the dataclass keeps the one copy of each default, which --help shows;
+    `set_first_by` names what sets the field before the dataclass default applies."""
+    helps = field_help(cls)
+    for field in dataclasses.fields(cls):
+        if field.name not in names:
+            continue
+        flag = field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+        text = ". ".join(filter(None, [helps.get(field.name, "").rstrip("."), (notes or {}).get(field.name)]))
+        text = text.replace("%", "%%")
+        text += _default_note(field, set_first_by) if "default" not in text else ""
+        options = dict(dest=field.name, default=None, help=text, choices=field.metadata.get("choices"))
+        if field.type in ("bool", "bool | None"):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **options)
+            continue
+        if field.type not in FLAG_TYPES:
+            raise TypeError(f"{cls.__name__}.{field.name}: no command-line type for the annotation {field.type!r}")
+        metavar = None if options["choices"] else flag.lstrip("-").upper().replace("-", "_")
+        group.add_argument(flag, type=FLAG_TYPES[field.type], metavar=metavar, **options)
+
+
+def _default_note(field: dataclasses.Field, set_first_by: str) -> str:
+    """' (default: ...)' for a field's flag: the dataclass default, after `set_first_by`."""
+    value = None if field.default in (dataclasses.MISSING, "") else field.default
+    shown = None if value is None else default_text(value)
+    if set_first_by:
+        return f" (default: {set_first_by}" + (f", else {shown})" if shown is not None else ")")
+    return f" (default: {shown})" if shown is not None else ""

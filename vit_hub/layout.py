@@ -4,9 +4,9 @@ adds its graphs, ONNX Runtime, the app and the Hub read it, a push uploads it.
 
 A model dir (`models/vit-mnist`):
 
-    config.json                the architecture, preprocessing and labels (vit_hub.config)
+    config.json                the architecture, preprocessing and labels (vit_hub.model.config)
     model.safetensors          the weights
-    README.md                  the model card (vit_hub.card)
+    README.md                  the model card (vit_hub.hub.card)
     metrics.json               per-epoch history and test scores (training)
     curves.png                 loss and accuracy per epoch (training)
     confusion_matrix.png       test predictions against labels (training)
@@ -14,9 +14,9 @@ A model dir (`models/vit-mnist`):
     patch_filters.png          ...and drawn: the patch embedding's filters,
     position_similarity.png      how alike the position embeddings are,
     attention_distance.png       how far each head looks
-    source.json                where imported or fine-tuned weights came from (vit_hub.importing)
+    source.json                where imported or fine-tuned weights came from (vit_hub.hub.import_model)
     faithfulness.json          how well each explanation tracks the model (bench/faithfulness.py)
-    samples/                   a few validation images, the app's examples (vit_hub.samples)
+    samples/                   a few validation images, the app's examples (vit_hub.data.samples)
     checkpoint.safetensors     the latest epoch's full training state (kept local, never pushed)
 
 `ModelDir.config` is the name ("config.json"), `ModelDir(folder).config` its path.

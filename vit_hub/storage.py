@@ -24,7 +24,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from .errors import UserError
+from vit_hub.errors import UserError
 
 HEADER_LENGTH_BYTES = 8  # a safetensors file starts with its JSON header's length (u64, little-endian)
 PICKLE_PROTOCOL_MARK = 0x80  # the first byte of a pickle of protocol 2 or later (torch.save's legacy format)

@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..attribution import METHODS, Forward, check_method
-from ..config import ViTConfig
-from ..errors import UserError
-from ..layout import ModelDir
-from ..postprocess import softmax
+from vit_hub.explain.attribution import METHODS, Forward, check_method
+from vit_hub.model.config import ViTConfig
+from vit_hub.errors import UserError
+from vit_hub.layout import ModelDir
+from vit_hub.processing.postprocess import softmax
 
 BACKENDS = ("torch", "onnx")
 
@@ -28,7 +28,7 @@ class Predictor(Protocol):
 
     config: ViTConfig
     description: str  # shown on the page, e.g. "torch (CPU)"
-    methods: tuple[str, ...]  # the explanation methods it computes (names in vit_hub.attribution.METHODS)
+    methods: tuple[str, ...]  # the explanation methods it computes (names in vit_hub.explain.attribution.METHODS)
     model_dir: Path | None  # where the model's files are, when they are in a local folder
 
     def predict(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -63,7 +63,7 @@ class TorchPredictor:
 
     @classmethod
     def load(cls, reference: str | Path, threads: int | None = 1, revision: str | None = None) -> "TorchPredictor":
-        from ..pretrained import load_model
+        from vit_hub.hub.pretrained import load_model
 
         predictor = cls(load_model(reference, revision), threads)
         predictor.model_dir = Path(reference) if Path(reference).is_dir() else None
@@ -77,13 +77,13 @@ class TorchPredictor:
         return softmax(logits.numpy(), self.config.temperature), torch.stack(attentions).numpy()
 
     def explain(self, pixels: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from ..explain import explain
+        from vit_hub.explain.run import explain
 
         logits, attentions, maps = explain(self.model, pixels, method)
         return softmax(logits, self.config.temperature), attentions, maps
 
     def weights(self) -> dict[str, np.ndarray]:
-        from ..insight import torch_weights
+        from vit_hub.insight.views import torch_weights
 
         return torch_weights(self.model)
 
@@ -106,7 +106,7 @@ class OnnxPredictor:
     def load(cls, reference: str | Path, threads: int | None = 1, revision: str | None = None) -> "OnnxPredictor":
         """A model dir or Hub repo id (at `revision`); without model_attentions.onnx there, export
         to a temp dir first. threads: onnxruntime intra-op threads per session (one, as for torch)."""
-        from ..export import open_exporting  # the runtime never exports: this backend asks for it
+        from vit_hub.export import open_exporting  # the runtime never exports: this backend asks for it
 
         return cls(open_exporting(reference, output_attentions=True, export_dir=_export_dir,
                                   threads=threads, revision=revision))
@@ -128,7 +128,7 @@ class OnnxPredictor:
 
     def weights(self) -> dict[str, np.ndarray] | None:
         """model.safetensors read as arrays (no torch) when the model dir has it; else None."""
-        from ..inspecting import read_weights
+        from vit_hub.insight.inspect import read_weights
 
         folder = self.classifier.model_dir
         return read_weights(folder) if ModelDir(folder).weights.is_file() else None

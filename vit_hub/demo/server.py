@@ -15,11 +15,11 @@ import socket
 import sys
 from typing import Any
 
-from ..console import OneLineErrorParser
-from ..errors import UserError
-from ..space import SpaceSettings, read_settings
-from .backends import BACKENDS, load_predictor
-from .page import CHECKOUT, build_demo, serve
+from vit_hub.console import OneLineErrorParser
+from vit_hub.errors import UserError
+from vit_hub.hub.space import SpaceSettings, read_settings
+from vit_hub.demo.backends import BACKENDS, load_predictor
+from vit_hub.demo.page import CHECKOUT, build_demo, serve
 
 DEFAULT_MODEL = CHECKOUT / "models" / "vit-mnist"
 MAX_PORT = 65535

@@ -20,9 +20,9 @@ from gradio.data_classes import FileData
 from gradio.utils import get_upload_folder
 from PIL import Image
 
-from ..canonical import EmptyImageError, centre_digit
-from ..errors import UserError
-from ..preprocess import UPLOAD_MAX_PIXELS, check_header, load_image, open_image, to_model_mode
+from vit_hub.processing.canonical import EmptyImageError, centre_digit
+from vit_hub.errors import UserError
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, check_header, load_image, open_image, to_model_mode
 
 MAX_FILE_SIZE = "20mb"
 # Largest image a request may send (pixels, read from its header before it is decoded): a 12 MP

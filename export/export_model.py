@@ -1,0 +1,279 @@
+"""`export_onnx`: model dir or Hub repo id -> verified ONNX graphs, config and report.
+
+    export_onnx("models/vit-mnist", "models/vit-mnist/model.onnx", output_attentions=True)
+
+writes (see `layout.py`) the logits graph, optionally the attentions graph and an int8
+graph, the `config.json` a consumer needs (preprocessing and labels) and an export report.
+Every graph is verified (`verify.py`); a failed check raises VerificationError after the
+report is written, so the numbers can be read.
+
+Kill-safe: everything is written into a staging folder beside the target first and moved in
+with os.replace once complete, graphs first and the report last, so a kill leaves each file
+whole (the old one or the new one), never cut short. Every graph carries the sha256 of the
+weights it came from (`graph_check.WEIGHTS_SHA256`), so ONNX Runtime refuses a new logits
+graph beside an old attentions graph, or graphs beside weights retrained since: re-running
+the same export command after a retrain is all it takes to bring them back in step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+import torch
+import safetensors.torch
+from torch import nn
+
+from vit_hub.model.config import ViTConfig
+from vit_hub.errors import UserError
+from vit_hub.hub.repos import resolve_model_dir
+from vit_hub.layout import GRAPH_LOGITS, ExportLayout
+from vit_hub.hub.pretrained import load_model
+from vit_hub.storage import write_text_atomically
+
+from .evalset import EvalSet, check_labels, first_images, first_uploads, load_eval_set
+from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
+from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
+from .graph_check import WEIGHTS_SHA256, weights_sha256
+from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
+                             verify_pipeline, write_pipeline)
+from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
+from .session import PRECISIONS
+from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
+
+# Real images for parity when no --calib-data is given: the bundled MNIST test split,
+# converted to the model's channels and size by its own preprocessing.
+DEFAULT_REAL_DATA = "mnist"
+STAGING_PREFIX = ".export-"  # the staging folder inside the output folder, while an export runs
+
+
+def _resolve_model(model: nn.Module | str | Path) -> tuple[str, nn.Module, str]:
+    """(how the report names the model, the model in eval mode, the sha256 of its weights: of
+    its model.safetensors, or of its weights serialised as safetensors for a model in memory)."""
+    if isinstance(model, nn.Module):
+        if not isinstance(getattr(model, "config", None), ViTConfig):
+            raise TypeError(f"expected a vit_hub VisionTransformer, got {type(model).__name__}")
+        weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+        return f"<in-memory {type(model).__name__}>", model.eval(), hashlib.sha256(safetensors.torch.save(weights)).hexdigest()
+    model_dir = resolve_model_dir(model)
+    return str(model), load_model(model_dir), weights_sha256(ExportLayout.for_model(model_dir).weights)
+
+
+def tie_to_weights(graph: Path, sha256: str) -> None:
+    """Write the sha256 of the weights a graph came from into its metadata_props."""
+    proto = onnx.load(str(graph))
+    onnx.helper.set_model_props(proto, {**{entry.key: entry.value for entry in proto.metadata_props},
+                                        WEIGHTS_SHA256: sha256})
+    onnx.save(proto, str(graph))
+
+
+@contextlib.contextmanager
+def _staging(layout: ExportLayout) -> Iterator[ExportLayout]:
+    """The same layout in a fresh folder inside the output folder (same file system, so
+    os.replace moves files in whole), removed afterwards whatever happens."""
+    folder = layout.folder / f"{STAGING_PREFIX}{os.getpid()}"  # one per running export
+    for leftover in layout.folder.glob(f"{STAGING_PREFIX}*"):  # from exports killed before they cleaned up
+        if leftover == folder or not _running(leftover.name.removeprefix(STAGING_PREFIX)):
+            shutil.rmtree(leftover, ignore_errors=True)
+    folder.mkdir()
+    try:
+        yield ExportLayout(folder, layout.stem)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: str) -> bool:
+    """Whether a process with this id runs on this machine (the staging folder's owner)."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _install(staged: ExportLayout, layout: ExportLayout, config: ViTConfig) -> None:
+    """Move the staged files in, graphs first and the report last; config.json only where the
+    one there differs (a model dir keeps its own)."""
+    for graph in sorted(staged.folder.glob("*.onnx")):
+        os.replace(graph, layout.folder / graph.name)
+    write_config(config, layout.config)
+    os.replace(staged.report, layout.report)
+
+
+def write_config(config: ViTConfig, path: Path) -> None:
+    """config.json beside the graphs; an equal one already there (the model dir) is left as is."""
+    if path.is_file():
+        try:
+            if ViTConfig.from_json(path) == config:
+                return
+        except UserError:
+            pass  # not a vit_hub config: replace it
+    write_text_atomically(path, json.dumps(config.to_dict(), indent=2) + "\n")
+
+
+def _parity_inputs(config: ViTConfig, eval_set: EvalSet) -> dict[str, np.ndarray]:
+    count = max(PARITY_BATCHES)
+    shape = (count, config.in_channels, *config.image_size)
+    return {"random": np.random.default_rng(0).normal(size=shape).astype(np.float32),
+            "real": first_images(eval_set, count)}
+
+
+def _remove_stale(*paths: Path) -> None:
+    """Graphs of an earlier export that this one does not write would pair with the new model."""
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    """What `export_onnx` writes and how it measures it, checked when made: each bad value is a
+    one-line UserError naming its flag.
+
+    Args:
+        opset: ONNX opset to write (checked in the written file).
+        output_attentions: also write `<stem>_attentions.onnx` with an `attentions` output.
+        exporter: "torchscript" (default, faster graph here) or "dynamo".
+        quantize: None or "int8" (dynamic quantization; needs labelled data to be measured).
+        calib_data: images (any --data the core accepts) for the real-input parity check and
+            the int8 accuracy; default: the bundled MNIST test split.
+        data_root: where torchvision datasets named by calib_data live.
+        eval_limit: measure int8 accuracy (and fp16 agreement) on the first N images only.
+        precision: "fp32", or "fp16" to also write float16 copies of the graphs for the CUDA
+            provider (`model_fp16.onnx`, ...; see half.py), verified and measured.
+    """
+
+    opset: int = DEFAULT_OPSET
+    output_attentions: bool = False
+    exporter: str = DEFAULT_EXPORTER
+    quantize: str | None = None
+    calib_data: str | None = None
+    data_root: str | None = None
+    eval_limit: int | None = None
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        check_export_options(self.exporter, self.opset)
+        if self.quantize is not None and self.quantize not in QUANTIZATIONS:
+            raise UserError(f"--quantize: expected one of {', '.join(QUANTIZATIONS)}, got {self.quantize!r}")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.eval_limit is not None and self.eval_limit < 1:
+            raise UserError(f"--eval-limit: expected a positive number of images, got {self.eval_limit}")
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The precisions each graph is written in: fp32, and fp16 beside it when asked for."""
+        return ("fp32", "fp16") if self.precision == "fp16" else ("fp32",)
+
+
+def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) -> Path:
+    """Export, verify and report; returns the path of the logits graph.
+
+    Args:
+        model: a model dir, a Hub repo id, or a loaded VisionTransformer.
+        out: a folder (gets model.onnx) or a path ending in .onnx.
+        options: the fields of `ExportOptions` (opset, output_attentions, exporter, quantize,
+            calib_data, data_root, eval_limit, precision), checked before any work.
+    """
+    options = ExportOptions(**options)
+    reference, model, weights = _resolve_model(model)
+    layout = ExportLayout.for_output(out)
+    layout.folder.mkdir(parents=True, exist_ok=True)
+    eval_set = load_eval_set(options.calib_data or DEFAULT_REAL_DATA, model.config, options.data_root)
+    if options.quantize:
+        check_labels(eval_set, model.config)  # before any work: int8 accuracy needs the model's classes
+    inputs = _parity_inputs(model.config, eval_set)
+
+    with _staging(layout) as staged:
+        write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
+        graphs = _write_verified_graphs(model, staged, weights, inputs, options)
+        pipelines = _write_verified_pipelines(staged, weights, model.config, eval_set, options.precisions)
+        measured = {}
+        if options.quantize:
+            graphs[staged.int8.name], measured["quantization"] = _write_measured_int8(staged, weights, eval_set, options)
+        if options.precision == "fp16":
+            measured["fp16"] = measure_fp16(staged.logits, staged.in_precision(staged.logits, "fp16"), eval_set,
+                                            options.eval_limit)
+        report = {**_report_header(reference, options, eval_set), "graphs": graphs, "pipeline": pipelines, **measured}
+        staged.report.write_text(json.dumps(report, indent=2) + "\n")
+        _remove_stale(*(path for path in (*layout.onnx_files, layout.int8)
+                        if path.suffix == ".onnx" and not (staged.folder / path.name).is_file()))
+        _install(staged, layout, model.config)
+
+    failures = [failure for section in (*graphs.values(), *pipelines.values()) for failure in section.get("failures", [])]
+    if failures:
+        raise VerificationError(f"export verification failed: {'; '.join(failures)} (report: {layout.report})")
+    return layout.logits
+
+
+def _write_verified_graphs(model: nn.Module, staged: ExportLayout, weights: str, inputs: dict[str, np.ndarray],
+                           options: ExportOptions) -> dict[str, Any]:
+    """Write the logits graph (the attentions graph too, and with fp16 a float16 copy of each),
+    tie each to the weights and verify it -> {file name: its section of the report}."""
+    sections = {}
+    graphs = [(staged.logits, False)] + ([(staged.attentions, True)] if options.output_attentions else [])
+    for path, with_attentions in graphs:
+        write_graph(model, path, output_attentions=with_attentions, opset=options.opset, exporter=options.exporter)
+        tie_to_weights(path, weights)
+        sections[path.name] = verify_graph(model, path, options.opset, inputs, with_attentions)
+        if options.precision == "fp16":
+            half = convert_to_fp16(path, staged.in_precision(path, "fp16"))
+            tie_to_weights(half, weights)
+            sections[half.name] = verify_graph(model, half, options.opset, inputs, with_attentions, FP16_TOLERANCES)
+    return sections
+
+
+def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTConfig, eval_set: EvalSet,
+                              precisions: tuple[str, ...]) -> dict[str, Any]:
+    """Write pipeline.onnx (and with fp16 its float16 copy) from the staged logits graph, tie it
+    to the weights and check it against the Python path on uploads made from real images; a
+    graph that disagrees is removed, not installed -> {file name: its section of the report}."""
+    uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
+    tolerances = {"fp32": PROBABILITY_TOLERANCE, "fp16": FP16_PROBABILITY_TOLERANCE}
+    sections = {}
+    for chosen in precisions:
+        target = staged.in_precision(staged.pipeline, chosen)
+        write_pipeline(staged.in_precision(staged.logits, chosen), target, config)
+        tie_to_weights(target, weights)
+        sections[target.name] = verify_pipeline(target, staged.logits, config, uploads, tolerances[chosen])
+        if sections[target.name]["failures"]:
+            target.unlink()
+    return sections
+
+
+def _write_measured_int8(staged: ExportLayout, weights: str, eval_set: EvalSet,
+                         options: ExportOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Quantize the staged logits graph to int8, tie it to the weights and check it -> (its
+    section of the report's graphs, its accuracy and speed beside fp32's)."""
+    quantize_int8(staged.logits, staged.int8)
+    tie_to_weights(staged.int8, weights)
+    return (check_file(staged.int8, options.opset, [GRAPH_LOGITS]),
+            measure_int8(staged.logits, staged.int8, eval_set, options.eval_limit))
+
+
+def _report_header(reference: str, options: ExportOptions, eval_set: EvalSet) -> dict[str, Any]:
+    """What the graphs came from and how they are checked: the report's first keys."""
+    return {
+        "model": reference,
+        "exporter": options.exporter, "opset": options.opset,
+        "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
+        "parity": {"tolerances_max_abs_diff": TOLERANCES, "batches": list(PARITY_BATCHES),
+                   "random_input": "standard normal pixel_values, seed 0",
+                   "real_input": f"first {max(PARITY_BATCHES)} images of {eval_set.description}",
+                   "provider": "as OnnxClassifier's 'auto' picks here, exact (CUDA with use_tf32=0); "
+                               "each parity row names it"},
+    }

@@ -1,0 +1,83 @@
+"""The example images a model's page offers: a few of its own validation images, kept in its
+model dir when training ends (`ModelDir.samples`), or for a digit model that has none, the
+MNIST test digits bundled with this package. A model of anything else with none offers none.
+
+A model dir is untrusted (the app serves one pulled from the Hub): only regular PNG files
+are offered, never a link, at most MAX_SAMPLES of at most MAX_SAMPLE_BYTES each. Torch-free:
+the ONNX app reads them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vit_hub.model.config import ViTConfig
+from vit_hub.layout import ModelDir
+
+# One MNIST test digit per class, laid out like a model dir's samples/ folder.
+BUNDLED_DIGITS = Path(__file__).resolve().parents[1] / "bundled" / ModelDir.samples
+MAX_SAMPLES = 12
+MAX_SAMPLE_BYTES = 2 * 2**20
+SAMPLE_SIDE = 256  # a larger validation image is kept scaled down to this longer side
+PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")  # kept as they are; others become RGB
+
+
+def is_digit_model(config: ViTConfig) -> bool:
+    """A model of handwritten digits: its inputs are canonicalised like MNIST, so the page
+    offers a drawing pad and the bundled digits fit it."""
+    return config.canonicalize == "digit"
+
+
+def kept_samples(model_dir: str | Path | None) -> list[Path]:
+    """The sample images a model dir keeps (its samples/ folder), checked as above."""
+    if model_dir is None:
+        return []
+    folder = ModelDir(model_dir).samples
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    files = [path for path in sorted(folder.glob("*.png"))
+             if path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_SAMPLE_BYTES]
+    return files[:MAX_SAMPLES]
+
+
+def example_images(model_dir: str | Path | None, config: ViTConfig) -> list[Path]:
+    """What the page offers as examples: the model's own samples, else the bundled digits for a
+    digit model, else nothing."""
+    own = kept_samples(model_dir)
+    if own or not is_digit_model(config):
+        return own
+    return sorted(BUNDLED_DIGITS.glob("*.png"))
+
+
+def write_samples(dataset: Any, labels: list[str], model_dir: str | Path, count: int = MAX_SAMPLES) -> list[Path]:
+    """Keep up to `count` images of `dataset` ((PIL image, class index) pairs: the validation
+    split), the first of each class in turn, as PNGs in the model dir's samples/ folder,
+    named by their order and class index (`03_class1.png`). Returns the files written."""
+    folder = ModelDir(model_dir).samples
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.png"):
+        old.unlink()
+    written = []
+    for order, (image, label) in enumerate(_one_class_after_another(dataset, len(labels), count)):
+        image = image.copy() if image.mode in PNG_MODES else image.convert("RGB")
+        image.thumbnail((SAMPLE_SIDE, SAMPLE_SIDE))
+        path = folder / f"{order:02d}_class{label}.png"
+        image.save(path)
+        written.append(path)
+    return written
+
+
+def _one_class_after_another(dataset: Any, classes: int, count: int) -> list[tuple[Any, int]]:
+    """Up to `count` (image, label) pairs of `dataset`, going round the classes in order."""
+    by_class: dict[int, list[int]] = {label: [] for label in range(classes)}
+    per_class = -(-count // max(classes, 1))  # ceil: enough of each class to fill `count`
+    targets = getattr(dataset, "targets", None)  # read once: a split computes it
+    for index in range(len(dataset)):
+        label = int(targets[index] if targets is not None else dataset[index][1])
+        if len(by_class.setdefault(label, [])) < per_class:
+            by_class[label].append(index)
+        if all(len(indices) >= per_class for indices in by_class.values()):
+            break
+    picks = [indices[turn] for turn in range(per_class) for indices in by_class.values() if turn < len(indices)]
+    return [dataset[index] for index in picks[:count]]

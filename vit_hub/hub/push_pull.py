@@ -1,0 +1,52 @@
+"""`vit-hub push` and `vit-hub pull`: parse, call `vit_hub.hub.repos`, print. Light to import."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_hub_commands(subparsers) -> None:
+    """Adds `push` and `pull` to the `vit-hub` subcommands."""
+    push = subparsers.add_parser("push", help="upload a model dir to the Hugging Face Hub in one commit")
+    push.add_argument("--model", required=True, help="model dir written by `vit-hub train`")
+    push.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="created if it does not exist")
+    push.add_argument("--private", action="store_true", help="make the repo private when this push creates it")
+    push.add_argument("--with-onnx", action="store_true",
+                      help="also upload model.onnx, model_attentions.onnx (for the app's rollout) and the export report "
+                           "that the model dir holds; refused, naming the `python -m vit_hub.export` command, when it "
+                           "has no model.onnx")
+    push.add_argument("--revision", help="branch to commit to (default main; created if missing)")
+    push.add_argument("--commit-message",
+                      help="the commit's message (default: \"Upload vit_hub model from FOLDER\")")
+    push.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`); "
+                                      "prefer those, a flag is visible to other users of this machine")
+    push.add_argument("--overwrite-card", action="store_true",
+                      help="replace a README.md that was edited on the Hub instead of keeping it")
+
+    pull = subparsers.add_parser("pull", help="download a vit_hub model repo into a model dir")
+    pull.add_argument("repo_id", metavar="OWNER/NAME", help="the Hub model repo to download")
+    pull.add_argument("--out", required=True, help="folder to write the model dir to (new or empty)")
+    pull.add_argument("--overwrite", action="store_true",
+                      help="replace a folder already at --out whole (nothing of it is kept)")
+    pull.add_argument("--revision", help="branch, tag or commit (default main)")
+    pull.add_argument("--token", help="Hub token for private repos (default: HF_TOKEN, then `hf auth login`)")
+
+
+def run_push(args: argparse.Namespace) -> None:
+    from vit_hub.hub.repos import CARD_KEPT, push_to_hub
+
+    result = push_to_hub(args.model, args.repo_id, private=args.private or None, with_onnx=args.with_onnx,
+                         revision=args.revision, commit_message=args.commit_message, token=args.token,
+                         overwrite_card=args.overwrite_card)
+    print(f"pushed {', '.join(result.files)} to {result.repo_id}@{result.revision}: {result.commit_url}")
+    print(f"model card: {result.card}")
+    if result.card == CARD_KEPT:
+        print("  (the README.md on the Hub was edited there; --overwrite-card replaces it with a generated one)")
+
+
+def run_pull(args: argparse.Namespace) -> None:
+    from vit_hub.hub.repos import pull
+
+    out = pull(args.repo_id, args.out, revision=args.revision, token=args.token, overwrite=args.overwrite)
+    print(f"pulled {args.repo_id}@{args.revision or 'main'} into {out}")
+

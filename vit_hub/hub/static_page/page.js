@@ -1,0 +1,146 @@
+// The static Space's page: decode an image in the browser, run pipeline.onnx on its pixels with
+// ONNX Runtime Web (WebAssembly, vendored in ort/), show the ranking. pipeline.onnx does all of
+// the model's preprocessing itself (vit_hub's docs/export.md, "From another language").
+import * as ort from "./ort/ort.wasm.bundle.min.mjs";
+
+const TOP_K = 5;
+const MAX_PIXELS = 16_000_000; // what pipeline.onnx accepts (vit_hub.processing.preprocess.UPLOAD_MAX_PIXELS)
+const threads = self.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
+// The WebAssembly binary beside the bundle (whose JavaScript glue is inside it): nothing from a CDN.
+ort.env.wasm.wasmPaths = { wasm: new URL("./ort/ort-wasm-simd-threaded.wasm", import.meta.url).href };
+ort.env.wasm.numThreads = threads;
+
+const $ = (id) => document.getElementById(id);
+const model = await (await fetch("model/model.json")).json();
+const session = await ort.InferenceSession.create("model/pipeline.onnx", { executionProviders: ["wasm"] });
+
+function say(text, failed = false) {
+  $("status").textContent = text;
+  $("status").className = failed ? "error" : "";
+}
+
+// An image, a bitmap or a canvas -> uint8 RGBA pixels [height, width, 4], as pipeline.onnx takes them.
+function pixelsOf(source, width, height) {
+  if (width * height > MAX_PIXELS) {
+    throw new Error(`image: expected at most ${MAX_PIXELS / 1e6} megapixels, got ${width}x${height}`);
+  }
+  const canvas = document.createElement("canvas");
+  canvas.width = width;
+  canvas.height = height;
+  const context = canvas.getContext("2d", { willReadFrequently: true });
+  context.drawImage(source, 0, 0);
+  const { data } = context.getImageData(0, 0, width, height);
+  return new ort.Tensor("uint8", new Uint8Array(data.buffer), [height, width, 4]);
+}
+
+// onnxruntime's error for a refused image quotes the graph's check (the failing node's name).
+function refusal(error) {
+  const quoted = /Name:'([^']+)'/.exec(error.message);
+  return quoted ? quoted[1] : error.message.split("\n")[0];
+}
+
+async function classify(source, width, height) {
+  try {
+    const image = pixelsOf(source, width, height);
+    const started = performance.now();
+    const { probabilities } = await session.run({ image });
+    const spent = performance.now() - started;
+    show(Array.from(probabilities.data), spent);
+  } catch (error) {
+    $("ranking").replaceChildren();
+    say(`Refused: ${refusal(error)}`, true);
+  }
+}
+
+function show(probabilities, spent) {
+  const ranked = probabilities.map((p, index) => [model.labels[index], p]).sort((a, b) => b[1] - a[1]);
+  const rows = ranked.slice(0, Math.min(TOP_K, ranked.length)).map(([label, p]) => {
+    const row = document.createElement("tr");
+    row.innerHTML = `<td class="label"></td><td><div class="bar"></div></td><td class="value"></td>`;
+    row.querySelector(".label").textContent = label;
+    row.querySelector(".bar").style.width = `${(100 * p).toFixed(1)}%`;
+    row.querySelector(".value").textContent = p.toFixed(3);
+    return row;
+  });
+  $("ranking").replaceChildren(...rows);
+  say(`Top class: ${ranked[0][0]}`);
+  $("status").dataset.label = ranked[0][0];
+  $("status").dataset.fresh = "true"; // for a script driving the page: a new answer is there
+  $("ms").textContent = `${spent.toFixed(0)} ms,`;
+}
+
+async function classifyFile(file) {
+  const url = URL.createObjectURL(file);
+  $("preview").src = url;
+  $("preview").hidden = false;
+  await $("preview").decode().catch(() => {});
+  if (!$("preview").naturalWidth) {
+    say(`Refused: ${file.name} is not an image this browser can decode`, true);
+    return;
+  }
+  await classify($("preview"), $("preview").naturalWidth, $("preview").naturalHeight);
+}
+
+function setUpDropping() {
+  $("file").addEventListener("change", () => $("file").files[0] && classifyFile($("file").files[0]));
+  const drop = $("drop");
+  drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("over"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+  drop.addEventListener("drop", (event) => {
+    event.preventDefault();
+    drop.classList.remove("over");
+    if (event.dataTransfer.files[0]) classifyFile(event.dataTransfer.files[0]);
+  });
+}
+
+function setUpSamples() {
+  for (const name of model.samples) {
+    const image = document.createElement("img");
+    image.src = `samples/${name}`;
+    image.alt = image.title = name;
+    image.addEventListener("click", async () => {
+      $("preview").src = image.src;
+      $("preview").hidden = false;
+      await classify(image, image.naturalWidth, image.naturalHeight);
+    });
+    $("samples").append(image);
+  }
+}
+
+function setUpDrawing() {
+  const pad = $("pad");
+  const context = pad.getContext("2d");
+  const clear = () => { context.fillStyle = "#fff"; context.fillRect(0, 0, pad.width, pad.height); };
+  clear();
+  context.lineWidth = 18;
+  context.lineCap = context.lineJoin = "round";
+  let drawing = false;
+  pad.addEventListener("pointerdown", (event) => {
+    drawing = true;
+    context.beginPath();
+    context.moveTo(event.offsetX, event.offsetY);
+  });
+  pad.addEventListener("pointermove", (event) => {
+    if (!drawing) return;
+    context.lineTo(event.offsetX, event.offsetY);
+    context.stroke();
+  });
+  addEventListener("pointerup", () => { drawing = false; });
+  $("clear").addEventListener("click", clear);
+  $("classify-drawing").addEventListener("click", () => classify(pad, pad.width, pad.height));
+  $("drawing").hidden = false;
+}
+
+document.title = $("title").textContent = model.title;
+if (model.demo_url) {
+  const link = Object.assign(document.createElement("a"), { href: model.demo_url, textContent: "full demo" });
+  $("maps").append("Maps of where the model looked are in the ", link, ".");
+} else {
+  $("maps").textContent = "Maps of where the model looked are in the full Gradio demo (vit-hub space without --static).";
+}
+$("backend").textContent = `WebAssembly, ${threads} thread${threads > 1 ? "s" : ""}`;
+setUpDropping();
+setUpSamples();
+if (model.digit) setUpDrawing();
+say("Ready: drop an image or pick a sample.");
+document.body.dataset.ready = "true";
