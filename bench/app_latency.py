@@ -50,8 +50,8 @@ from gradio_client import Client, handle_file  # noqa: E402
 
 from vit_hub.demo import backends, methods, pictures, uploads  # noqa: E402
 from vit_hub.demo.server import DEFAULT_MODEL  # noqa: E402
-from vit_hub.processing.preprocess import model_pixels, to_model_domain  # noqa: E402
 from vit_hub.explain.rollout import layer_rollouts  # noqa: E402
+from vit_hub.processing.preprocess import model_pixels, to_model_domain  # noqa: E402
 
 # The floor: the app's launch settings around an endpoint that does nothing.
 ECHO_SERVER = """

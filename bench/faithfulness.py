@@ -43,13 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # marked_objects, othe
 from marked_objects import object_map  # noqa: E402
 from other_methods import OTHER_METHODS  # noqa: E402
 
+from vit_hub.data.sources import load_splits  # noqa: E402
 from vit_hub.explain.attribution import METHODS, Method  # noqa: E402
 from vit_hub.explain.blanking import blank_patches, blank_pixels  # noqa: E402
-from vit_hub.data.sources import load_splits  # noqa: E402
-from vit_hub.explain.run import explain  # noqa: E402
-from vit_hub.processing.preprocess import preprocess_batch  # noqa: E402
-from vit_hub.hub.pretrained import load_model  # noqa: E402
 from vit_hub.explain.rollout import scale_maps  # noqa: E402
+from vit_hub.explain.run import explain  # noqa: E402
+from vit_hub.hub.pretrained import load_model  # noqa: E402
+from vit_hub.processing.preprocess import preprocess_batch  # noqa: E402
 
 POINTS = 21  # points on each curve: every 5 % of the patches
 MapFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (pixels [B, C, H, W], classes [B]) -> [B, h, w]

@@ -50,8 +50,10 @@ from PIL import Image, ImageDraw
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from vit_hub.data import augmentation  # noqa: E402
-from vit_hub.data import batches
+from vit_hub.data import (
+    augmentation,  # noqa: E402
+    batches,
+)
 from vit_hub.data import sources as vdata  # noqa: E402
 from vit_hub.model.config import ViTConfig  # noqa: E402
 

@@ -17,8 +17,8 @@ from torch.utils.data import Subset
 
 from vit_hub.data.augmentation import TrainTransform
 from vit_hub.data.batches import SeededAugmentation
-from vit_hub.model.config import PRESETS, ViTConfig
 from vit_hub.data.sources import load_splits
+from vit_hub.model.config import PRESETS, ViTConfig
 
 
 def per_sample_ms(dataset: SeededAugmentation, epoch: int) -> float:

@@ -32,12 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vit_hub.export import OnnxClassifier, export_onnx  # noqa: E402
-from vit_hub.layout import ExportLayout  # noqa: E402
 from vit_hub.export.quantize import quantize_int8  # noqa: E402
 from vit_hub.export.session import CPU, create_session  # noqa: E402
 from vit_hub.export.timing import machine_load, time_interleaved  # noqa: E402
-from vit_hub.model.config import PRESETS  # noqa: E402
 from vit_hub.hub.pretrained import load_model  # noqa: E402
+from vit_hub.layout import ExportLayout  # noqa: E402
+from vit_hub.model.config import PRESETS  # noqa: E402
 from vit_hub.model.vit import VisionTransformer  # noqa: E402
 
 BATCHES = (1, 256)

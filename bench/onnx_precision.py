@@ -36,10 +36,10 @@ sys.path.insert(0, str(REPO))
 
 from vit_hub.export import OnnxClassifier, export_onnx  # noqa: E402
 from vit_hub.export.session import CUDA  # noqa: E402
-from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS  # noqa: E402
 from vit_hub.export.timing import machine_load, time_interleaved  # noqa: E402
-from vit_hub.model.config import PRESETS  # noqa: E402
 from vit_hub.hub.pretrained import HubVisionTransformer, load_model  # noqa: E402
+from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS  # noqa: E402
+from vit_hub.model.config import PRESETS  # noqa: E402
 
 CUDA_ONLY = ("torch tf32", "torch bf16", "ort fp32 on device", "ort fp16 on device", "torch bf16 on device")
 

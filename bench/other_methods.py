@@ -24,10 +24,8 @@ from typing import Any
 import numpy as np
 
 from vit_hub.explain.attribution import Method
-from vit_hub.explain.gradients import (
-    Explained, _check_gradients, attention_gradients, embedding_attributions, gradient_rollout, patch_grid,
-    pixel_attributions,
-)
+from vit_hub.explain.gradients import (Explained, _check_gradients, attention_gradients, embedding_attributions,
+                                       gradient_rollout, patch_grid, pixel_attributions)
 from vit_hub.explain.rollout import _grid, _readout, as_numpy, scale_maps
 
 

@@ -57,8 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # app.py and bench/ live at the top level
 
 from bench.digit_uploads import live_app, top_labels  # noqa: E402
-from vit_hub.model.config import ViTConfig  # noqa: E402
 from vit_hub.console import OneLineErrorParser, run_reporting_errors  # noqa: E402
+from vit_hub.model.config import ViTConfig  # noqa: E402
 from vit_hub.processing.postprocess import softmax  # noqa: E402
 from vit_hub.processing.preprocess import model_pixels, preprocess, to_model_domain  # noqa: E402
 from vit_hub.storage import replacing  # noqa: E402

@@ -207,9 +207,9 @@ def chosen_budget(run: Path, log: Path) -> dict:
 def default_budget(data: Path) -> dict:
     """Epochs, batch size and input size that vit_hub's defaults choose for `data`, computed
     without training (for a ResNet row run without the defaults row)."""
-    from vit_hub.train import schedule
-    from vit_hub.model.config import suggest_for_data
     from vit_hub.data.sources import describe_images, load_splits
+    from vit_hub.model.config import suggest_for_data
+    from vit_hub.train import schedule
 
     train_split = load_splits(str(data), val_split=VAL_SPLIT).train
     stats = describe_images(train_split)

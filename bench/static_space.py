@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 from bench.real_uploads import dev_images  # noqa: E402
 from docs.screenshots import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from vit_hub.export import OnnxClassifier  # noqa: E402
-from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image  # noqa: E402
 from vit_hub.hub.static_space import write_static_space  # noqa: E402
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image  # noqa: E402
 
 
 class StaticFiles(http.server.SimpleHTTPRequestHandler):

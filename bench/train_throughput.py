@@ -151,7 +151,8 @@ def load() -> str:
 
 
 def profile(stepper: Stepper, name: str, rows: int = 15) -> None:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     stepper.step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if stepper.device.type == "cuda" else [])

@@ -10,8 +10,8 @@ import sys
 from vit_hub.console import OneLineErrorParser, run_reporting_errors
 from vit_hub.layout import ExportLayout
 
-from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 from .export_model import export_onnx
+from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 from .quantize import QUANTIZATIONS
 from .session import PRECISIONS
 from .verify import VerificationError

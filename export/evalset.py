@@ -13,8 +13,8 @@ from torch.utils.data import Dataset, Subset
 
 from vit_hub.data import sources as vdata
 from vit_hub.data.batches import EvalTransform, Transformed, default_workers, make_loader
-from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
+from vit_hub.model.config import ViTConfig
 
 # Below this many images a worker process costs more to start than it saves.
 WORKER_THRESHOLD = 2000

@@ -30,21 +30,21 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime
-import torch
 import safetensors.torch
+import torch
 from torch import nn
 
-from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
+from vit_hub.hub.pretrained import load_model
 from vit_hub.hub.repos import resolve_model_dir
 from vit_hub.layout import GRAPH_LOGITS, ExportLayout
-from vit_hub.hub.pretrained import load_model
+from vit_hub.model.config import ViTConfig
 from vit_hub.storage import write_text_atomically
 
 from .evalset import EvalSet, check_labels, first_images, first_uploads, load_eval_set
-from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
 from .graph_check import WEIGHTS_SHA256, weights_sha256
+from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
 from .quantize import QUANTIZATIONS, measure_int8, quantize_int8

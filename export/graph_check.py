@@ -33,10 +33,11 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from vit_hub.explain.attribution import OCCLUSION_CHUNK
-from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
+from vit_hub.explain.attribution import OCCLUSION_CHUNK
 from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
+from vit_hub.model.config import ViTConfig
+
 # A protobuf file cannot exceed 2 GB; the exporter writes nothing larger either.
 MAX_GRAPH_BYTES = 2**31 - 1
 # A graph holds its model's weights once, as float32 at most (4 bytes), with room for twice as

@@ -29,9 +29,9 @@ import onnxruntime as ort
 from onnx import helper
 from PIL import Image
 
-from vit_hub.processing import canonical
-from vit_hub.model.config import ViTConfig
 from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, PIPELINE_INPUT, PIPELINE_OUTPUT
+from vit_hub.model.config import ViTConfig
+from vit_hub.processing import canonical
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limit, preprocess, to_model_mode
 

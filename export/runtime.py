@@ -30,10 +30,10 @@ from typing import Any, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from vit_hub.model.config import ViTConfig, size_text
 from vit_hub.errors import UserError
 from vit_hub.hub.repos import resolve_model_dir
 from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS, ExportLayout
+from vit_hub.model.config import ViTConfig, size_text
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.postprocess import top_k as rank_top_k
 from vit_hub.processing.preprocess import ImageInput, preprocess_batch

@@ -25,9 +25,9 @@ from typing import Any, Sequence
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
 from vit_hub.layout import ExportLayout
+from vit_hub.model.config import ViTConfig
 
 from .graph_check import OnnxModelError, check_graph
 

@@ -136,8 +136,8 @@ def train_tiny(data: Path, out: Path, epochs: int = 3, **overrides) -> Path:
     import contextlib
     import io
 
-    from vit_hub.train.settings import TrainSettings
     from vit_hub.train.run import train
+    from vit_hub.train.settings import TrainSettings
 
     settings = TrainSettings(data=str(data), out=str(out), model=dict(TINY_MODEL), epochs=epochs, **TINY_RUN)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

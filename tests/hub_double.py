@@ -31,8 +31,8 @@ import hashlib
 import json
 import re
 import threading
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import yaml

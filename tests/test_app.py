@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import digit_on_paper, free_port, tiny_config
 from PIL import Image, ImageOps
+
+from conftest import digit_on_paper, free_port, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -22,11 +23,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 
-from vit_hub.explain.attribution import METHODS  # noqa: E402
+from vit_hub.data.samples import write_samples  # noqa: E402
 from vit_hub.demo import backends, methods, page, pictures, server, uploads  # noqa: E402
+from vit_hub.explain.attribution import METHODS  # noqa: E402
 from vit_hub.layout import ModelDir  # noqa: E402
 from vit_hub.processing.preprocess import preprocess, to_model_domain  # noqa: E402
-from vit_hub.data.samples import write_samples  # noqa: E402
 
 MODEL_DIR = ROOT / "models" / "vit-mnist"
 SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))

@@ -29,26 +29,29 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import (TINY_TRAIN_FLAGS, assert_one_line, call, file_data, free_port, run_app_main, tiny_config,
-                      upload, write_class_folders)
 from PIL import Image, ImageFile
+
+from conftest import (TINY_TRAIN_FLAGS, assert_one_line, call, file_data, free_port, run_app_main, tiny_config, upload,
+                      write_class_folders)
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
+import vit_hub  # noqa: E402
+from vit_hub import cli  # noqa: E402
 from vit_hub.demo import uploads  # noqa: E402
 from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: E402
 from vit_hub.export.__main__ import main as export_main  # noqa: E402
-import vit_hub  # noqa: E402
-from vit_hub import cli  # noqa: E402
-from vit_hub.hub.pretrained import load_model  # noqa: E402
-from vit_hub.hub.pretrained import HubVisionTransformer  # noqa: E402
-from vit_hub.hub.pretrained import predict_images  # noqa: E402
-from vit_hub.processing.preprocess import open_image, pixel_limit  # noqa: E402
+from vit_hub.hub.pretrained import (
+    HubVisionTransformer,  # noqa: E402
+    load_model,  # noqa: E402
+    predict_images,  # noqa: E402
+)
 from vit_hub.layout import ModelDir  # noqa: E402
-from vit_hub.train.settings import TrainingError  # noqa: E402
+from vit_hub.processing.preprocess import open_image, pixel_limit  # noqa: E402
 from vit_hub.train.loop import Trainer  # noqa: E402
+from vit_hub.train.settings import TrainingError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
@@ -396,8 +399,8 @@ def test_a_loss_that_turns_nan_stops_the_run_and_keeps_the_last_good_epoch(train
 
 
 def test_the_trainer_refuses_inf_lr_through_the_python_api_too(train_folder, tmp_path):
-    from vit_hub.train.settings import TrainSettings
     from vit_hub.train.run import train
+    from vit_hub.train.settings import TrainSettings
 
     with pytest.raises(TrainingError) as error:
         train(TrainSettings(data=str(train_folder), out=str(tmp_path / "out"), lr=float("inf")))

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from conftest import digit_on_paper, free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,15 +8,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config, train_tiny
 
-from vit_hub.train.calibration import fit_temperature
+from conftest import tiny_config, train_tiny
+from vit_hub.demo.backends import TorchPredictor
 from vit_hub.hub.card import render_card_text
+from vit_hub.hub.pretrained import HubVisionTransformer
 from vit_hub.model.config import ViTConfig
 from vit_hub.model.fields import ConfigError
-from vit_hub.demo.backends import TorchPredictor
 from vit_hub.processing.postprocess import softmax
-from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.train.calibration import fit_temperature
 
 
 def test_the_fit_finds_the_temperature_the_labels_were_drawn_with():

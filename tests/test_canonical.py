@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import digit_on_paper
 from PIL import Image, ImageDraw, ImageFilter, ImageOps
 from scipy import ndimage
 
+from conftest import digit_on_paper
 from vit_hub.data.augmentation import TrainTransform
 from vit_hub.data.batches import EvalTransform
-from vit_hub.processing.canonical import STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
 from vit_hub.model.config import ViTConfig
+from vit_hub.processing.canonical import STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
 from vit_hub.processing.preprocess import preprocess, to_model_domain, to_model_mode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,8 +270,7 @@ def photo_files(root: Path) -> list[Path]:
 
 def test_torch_onnx_and_training_transforms_see_the_same_pixels(photos):
     from vit_hub.export import OnnxClassifier
-    from vit_hub.hub.pretrained import load_model
-    from vit_hub.hub.pretrained import predict_images
+    from vit_hub.hub.pretrained import load_model, predict_images
 
     model = load_model(MODEL_DIR)
     classifier = OnnxClassifier(MODEL_DIR / "model.onnx")

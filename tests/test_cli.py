@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TRAIN_FLAGS, read_json, tiny_config, write_class_folders
 
+from conftest import TINY_TRAIN_FLAGS, read_json, tiny_config, write_class_folders
 from vit_hub import cli
 from vit_hub.hub.pretrained import HubVisionTransformer
 from vit_hub.model.flops import layer_rows

@@ -9,23 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, in_mode, tiny_config, write_class_folders
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from vit_hub.data import augmentation
-
-from vit_hub.data import batches
-
-from vit_hub.data import folders
+from conftest import CLASSES, in_mode, tiny_config, write_class_folders
+from vit_hub.data import augmentation, batches, folders
 from vit_hub.data.augmentation import TrainTransform, resolve_augment
 from vit_hub.data.batches import EvalTransform, Transformed, make_loader
-from vit_hub.model.config import ViTConfig
-from vit_hub.data.sources import DataSplits, compute_mean_std, describe_images, load_splits, stratified_split, targets_of
-from vit_hub.train.distributed import Runtime
+from vit_hub.data.sources import (DataSplits, compute_mean_std, describe_images, load_splits, stratified_split,
+                                  targets_of)
 from vit_hub.errors import DataError
-from vit_hub.train.loaders import RunLoaders, build_loaders
+from vit_hub.model.config import ViTConfig
 from vit_hub.processing.preprocess import preprocess, preprocess_batch
+from vit_hub.train.distributed import Runtime
+from vit_hub.train.loaders import RunLoaders, build_loaders
 from vit_hub.train.schedule import Schedule
 from vit_hub.train.settings import TrainSettings
 

@@ -15,10 +15,10 @@ from PIL import Image, ImageDraw
 
 from vit_hub.data import batches
 from vit_hub.data import sources as vdata
+from vit_hub.hub.pretrained import load_model
+from vit_hub.layout import ModelDir
 from vit_hub.train.checkpoint import read_checkpoint_state
 from vit_hub.train.evaluation import evaluate
-from vit_hub.layout import ModelDir
-from vit_hub.hub.pretrained import load_model
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 MODEL_FLAGS = ["--embed-dim", "16", "--depth", "1", "--num-heads", "2", "--image-size", "16",
@@ -155,7 +155,7 @@ import os, sys
 import torch.distributed as dist
 from vit_hub.data import sources as vdata
 from vit_hub.train.settings import TrainSettings
-from vit_hub.train.loop import build_trainer
+from vit_hub.train.run import build_trainer
 
 listed = vdata.index_image_folder
 def index_image_folder(root):

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from vit_hub.errors import UserError
 from vit_hub.explain.attribution import METHODS, check_method, occlusion
 from vit_hub.explain.blanking import blank_patches, blank_pixels
-from vit_hub.errors import UserError
+from vit_hub.explain.gradients import (attention_gradients, embedding_attributions, gradient_rollout,
+                                       pixel_attributions, with_context)
 from vit_hub.explain.run import explain, torch_forward, torch_logits
-from vit_hub.explain.gradients import (
-    attention_gradients, embedding_attributions, gradient_rollout, pixel_attributions, with_context,
-)
 from vit_hub.hub.pretrained import HubVisionTransformer
 
 

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import tomllib
 import warnings
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+import tomllib
 import torch
 from PIL import Image
 from torch import nn
@@ -25,11 +25,11 @@ from vit_hub.export import (OnnxClassifier, ProviderFallbackError, VerificationE
                             open_exporting)
 from vit_hub.export.__main__ import main as cli_main
 from vit_hub.export.exporter import write_graph
-from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, ExportLayout
 from vit_hub.export.session import CPU, CUDA, CUDA_OPTIONS
 from vit_hub.export.verify import check_file
-from vit_hub.model.config import ViTConfig
 from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, ExportLayout
+from vit_hub.model.config import ViTConfig
 from vit_hub.processing.postprocess import softmax, top_k
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from vit_hub.demo import server
-from vit_hub.export.__main__ import build_parser as export_parser
 from vit_hub import cli
-from vit_hub.model.config import PRESETS, ViTConfig
 from vit_hub.console import default_text
 from vit_hub.data.choices import TORCHVISION_DATASETS
+from vit_hub.demo import server
+from vit_hub.export.__main__ import build_parser as export_parser
+from vit_hub.model.config import PRESETS, ViTConfig
 from vit_hub.train.settings import MODEL_FIELDS, TRAINING_FIELDS, TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]

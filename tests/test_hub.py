@@ -27,15 +27,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import free_port, tiny_config
+from hub_double import HubDouble
 from huggingface_hub import ModelCard, constants
 from PIL import Image
 
-from hub_double import HubDouble
-from vit_hub.hub.card import is_generated_card, write_model_card
+from conftest import free_port, tiny_config
 from vit_hub.cli import main
-from vit_hub.hub.repos import CARD_GENERATED, CARD_KEPT, CARD_LOCAL, HubError, pull, push_to_hub
+from vit_hub.hub.card import is_generated_card, write_model_card
 from vit_hub.hub.pretrained import HubVisionTransformer, load_model
+from vit_hub.hub.repos import CARD_GENERATED, CARD_KEPT, CARD_LOCAL, HubError, pull, push_to_hub
 
 TOKEN = "hf_vitHubTestToken0123456789abcdefXYZ"
 REPO = "org/name"

@@ -1,4 +1,4 @@
-"""Inside the model (vit_hub/insight/views.py, insight_figures.py, inspecting.py): known answers for
+"""Inside the model (vit_hub/insight/views.py, figures.py, inspect.py): known answers for
 every view, each patch embedding, both poolings and positions, the CLI, the card and the app's
 tab. Tiny models, offline."""
 
@@ -14,20 +14,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
 from PIL import Image
 
-from vit_hub.insight import views as insight
-
-from vit_hub.insight import inspect as inspecting
-from vit_hub.hub.card import render_card_text
+from conftest import tiny_config
 from vit_hub.cli import main as cli_main
-from vit_hub.model.config import ViTConfig
 from vit_hub.demo import backends, page
+from vit_hub.hub.card import render_card_text
+from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.insight import inspect as inspecting
+from vit_hub.insight import views as insight
 from vit_hub.insight.figures import head_grid, view_images
 from vit_hub.layout import INSPECT_FIGURES
+from vit_hub.model.config import ViTConfig
 from vit_hub.model.patches import PatchEmbedding
-from vit_hub.hub.pretrained import HubVisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "models" / "vit-mnist"

@@ -9,13 +9,13 @@ import pytest
 import safetensors.torch
 import torch
 from torch import nn
-from conftest import tiny_config
 
+from conftest import tiny_config
 from vit_hub.hub import pretrained
 from vit_hub.model.config import DIGIT_LABELS, PRESETS, ViTConfig, suggest_for_data
 from vit_hub.model.patches import PatchEmbedding
-from vit_hub.model.vit import Attention, DropPath, VisionTransformer, upgrade_state_dict
 from vit_hub.model.positions import sincos_positions
+from vit_hub.model.vit import Attention, DropPath, VisionTransformer, upgrade_state_dict
 
 
 def randomized(model: VisionTransformer, seed: int = 0) -> VisionTransformer:

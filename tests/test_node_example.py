@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import digit_on_paper, train_tiny
 from PIL import Image, ImageDraw
 
+from conftest import digit_on_paper, train_tiny
 from vit_hub.export import OnnxClassifier, export_onnx
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
 

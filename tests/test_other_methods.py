@@ -12,8 +12,8 @@ import torch
 
 from bench.other_methods import OTHER_METHODS, attention_gradient
 from vit_hub.explain.attribution import METHODS
-from vit_hub.explain.run import explain
 from vit_hub.explain.gradients import attention_gradients
+from vit_hub.explain.run import explain
 from vit_hub.hub.pretrained import HubVisionTransformer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,19 +12,19 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import digit_on_paper
 from onnx import helper
 from PIL import Image, ImageDraw, ImageOps
 from scipy import ndimage
 
-from vit_hub.processing.canonical import BLANK_IMAGE, EmptyImageError
-from vit_hub.model.config import ViTConfig
+from conftest import digit_on_paper
 from vit_hub.export import graph_numpy as gn
 from vit_hub.export import pipeline_graph
 from vit_hub.export.graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder
 from vit_hub.export.pipeline_graph import (TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels, preprocessing_graph,
                                            run_pipeline)
 from vit_hub.layout import PIPELINE_INPUT
+from vit_hub.model.config import ViTConfig
+from vit_hub.processing.canonical import BLANK_IMAGE, EmptyImageError
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, preprocess
 

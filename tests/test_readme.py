@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config
+from hub_double import HubDouble
 from markdown_it import MarkdownIt
 from PIL import Image
 
-from hub_double import HubDouble
+from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"

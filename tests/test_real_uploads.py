@@ -13,8 +13,8 @@ from PIL import Image
 
 from bench import digit_uploads, real_uploads
 from bench.real_uploads import Answer
-from vit_hub.model.config import ViTConfig
 from vit_hub.data.sources import load_splits
+from vit_hub.model.config import ViTConfig
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "vit-mnist"
 

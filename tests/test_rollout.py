@@ -8,11 +8,9 @@ import torch
 from PIL import Image
 
 from vit_hub.errors import UserError
+from vit_hub.explain.rollout import (add_residual, attention_rollout, discard_lowest, fuse_heads, heatmap,
+                                     last_layer_attention, layer_rollouts, overlay)
 from vit_hub.hub.pretrained import HubVisionTransformer
-from vit_hub.explain.rollout import (
-    add_residual, attention_rollout, discard_lowest, fuse_heads, heatmap, last_layer_attention, layer_rollouts,
-    overlay,
-)
 
 
 def random_attentions(depth=3, batch=4, heads=2, tokens=7, seed=0) -> np.ndarray:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_hub.train.settings import TrainSettings
 from vit_hub.train.run import train
+from vit_hub.train.settings import TrainSettings
 
 # Optical density per RGB channel of the blob's dye and of the dot's, and the stain strength.
 STAINS = {

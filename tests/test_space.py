@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port
-
 from hub_double import serving_hub
-from vit_hub.hub.card import HUB_TAGS
+
+from conftest import free_port
 from vit_hub.cli import main
+from vit_hub.hub.card import HUB_TAGS
 from vit_hub.hub.repos import push_to_hub
 from vit_hub.hub.space import MODEL_FOLDER, REQUIREMENTS, SETTINGS_FILE, SPACE_APP, read_settings, write_space
 

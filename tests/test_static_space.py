@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import digit_on_paper
 from PIL import Image, ImageDraw
 
 from bench.static_space import serve, wait_for_label
+from conftest import digit_on_paper
 from vit_hub.errors import UserError
 from vit_hub.export import OnnxClassifier
-from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
 from vit_hub.hub.static_space import ORT_WEB_VERSION, onnxruntime_web, write_static_space
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"

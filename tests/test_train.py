@@ -12,35 +12,40 @@ import shutil
 
 import pytest
 import torch
-from conftest import TINY_MODEL, TINY_RUN, read_json, tiny_config, train_flags
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from conftest import TINY_MODEL, TINY_RUN, read_json, tiny_config, train_flags
 from vit_hub import cli
-
-from vit_hub.train import checkpoint
-from vit_hub.data import sources as vdata
 from vit_hub.data import batches
-from vit_hub.train.checkpoint import load_checkpoint, read_checkpoint_state, save_checkpoint
+from vit_hub.data import sources as vdata
+from vit_hub.data.sources import config_for_data
+from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.layout import INSPECT_FIGURES, ModelDir
 from vit_hub.model.config import DIGIT_LABELS, PRESETS, ViTConfig
 from vit_hub.model.fields import ConfigError
+from vit_hub.model.flops import TOTAL, count_flops, flop_rates, module_flops, peak_flops, training_flops
+from vit_hub.model.vit import ViTOutput
+from vit_hub.processing.preprocess import preprocess
+from vit_hub.train import checkpoint
+from vit_hub.train.checkpoint import load_checkpoint, read_checkpoint_state, save_checkpoint
 from vit_hub.train.distributed import stop_runtime
 from vit_hub.train.evaluation import evaluate, shift_warning
-from vit_hub.model.flops import TOTAL, count_flops, flop_rates, module_flops, peak_flops, training_flops
-from vit_hub.layout import INSPECT_FIGURES, ModelDir
-from vit_hub.model.vit import ViTOutput
-from vit_hub.hub.pretrained import HubVisionTransformer
-from vit_hub.processing.preprocess import preprocess
+from vit_hub.train.loop import Trainer
+from vit_hub.train.run import build_trainer, train
 from vit_hub.train.schedule import Schedule, default_batch_size, default_epochs, learning_rate, peak_learning_rate
 from vit_hub.train.settings import TrainingError, TrainSettings
 from vit_hub.train.step import choose_compile, parameter_groups
-from vit_hub.train.loop import Trainer, build_config, build_trainer
-from vit_hub.train.run import train
 
 CHECKPOINT = ModelDir.checkpoint
 
 TIMING = ("images_per_second", "epoch_seconds", "model_tflop_s", "mfu")
 
+
+
+def build_config(settings: TrainSettings, splits) -> ViTConfig:
+    """The config a run with these settings trains (what build_trainer asks of the data)."""
+    return config_for_data(splits, settings.preset, settings.model, settings.seed)
 
 def tiny_settings(data, out, **overrides) -> TrainSettings:
     """A run of a few seconds: 16x16 inputs, one block of width 16, batches of 8, no workers."""

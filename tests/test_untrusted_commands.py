@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import timm
-from conftest import TINY_TRAIN_FLAGS, assert_one_line
 
+from conftest import TINY_TRAIN_FLAGS, assert_one_line
 from vit_hub.cli import main
+from vit_hub.hub.key_mapping import distinct
 from vit_hub.model.config import ViTConfig
 from vit_hub.model.fields import ConfigError
-from vit_hub.hub.key_mapping import distinct
 from vit_hub.train.settings import OUT_LOCK, holding_out
 
 

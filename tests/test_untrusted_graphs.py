@@ -28,16 +28,16 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import assert_one_line, free_port, tiny_config
 from onnx import TensorProto, helper
 
+from conftest import assert_one_line, free_port, tiny_config
 from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx
 from vit_hub.export.exporter import write_graph
 from vit_hub.export.graph_check import WEIGHTS_SHA256, check_graph, weights_sha256
 from vit_hub.export.half import convert_to_fp16
 from vit_hub.export.quantize import quantize_int8
-from vit_hub.model.config import ViTConfig
 from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.model.config import ViTConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ADDRESS_SPACE_LIMIT = 3 * 2**30  # for children that load hostile graphs: well under what the graphs ask for

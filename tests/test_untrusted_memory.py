@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 
 import gradio as gr
-from bench.app_limits import blank_png
-from conftest import BUNDLED_MODEL, call, file_data, free_port, upload
 from test_untrusted_uploads import app_in_its_own_process, rss_mb
 
+from bench.app_limits import blank_png
+from conftest import BUNDLED_MODEL, call, file_data, free_port, upload
 from vit_hub.demo import backends, page, uploads
 
 ROOT = Path(__file__).resolve().parents[1]

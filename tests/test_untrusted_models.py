@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from conftest import TINY_TRAIN_FLAGS, assert_one_line, free_port, run_app_main, tiny_config, write_class_folders
 from hub_double import serving_hub
 
+from conftest import TINY_TRAIN_FLAGS, assert_one_line, free_port, run_app_main, tiny_config, write_class_folders
 from vit_hub import cli
-from vit_hub.hub.card import render_card_text
 from vit_hub.demo import backends, methods
+from vit_hub.hub.card import render_card_text
+from vit_hub.hub.pretrained import HubVisionTransformer, load_model
 from vit_hub.hub.repos import HubError, push_to_hub
 from vit_hub.layout import ModelDir
-from vit_hub.hub.pretrained import HubVisionTransformer, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"

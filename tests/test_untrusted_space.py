@@ -12,14 +12,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line
+from hub_double import serving_hub
 from onnx import TensorProto, helper
 
-from hub_double import serving_hub
+from conftest import assert_one_line
 from vit_hub.cli import main
 from vit_hub.errors import UserError
-from vit_hub.hub.repos import push_to_hub
 from vit_hub.hub.import_model import SourceFiles, source_license
+from vit_hub.hub.repos import push_to_hub
 from vit_hub.hub.space import MARKER_FILE, SETTINGS_FILE, read_settings
 from vit_hub.storage import MAX_CARD_BYTES
 

@@ -18,16 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CLASSES, TINY_TRAIN_FLAGS, assert_one_line, read_json, write_class_folders
 from safetensors.torch import load_file
 from test_bad_input import listing, run_vit_hub
 
+from conftest import CLASSES, TINY_TRAIN_FLAGS, assert_one_line, read_json, write_class_folders
 from vit_hub.data import sources as vdata
-from vit_hub.train.checkpoint import read_checkpoint_state
 from vit_hub.data.sources import DataError
 from vit_hub.layout import ModelDir
-from vit_hub.train.settings import TrainingError, TrainSettings
+from vit_hub.train.checkpoint import read_checkpoint_state
 from vit_hub.train.run import train
+from vit_hub.train.settings import TrainingError, TrainSettings
 
 CHECKPOINT = ModelDir.checkpoint
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image, ImageDraw
+
 from bench.app_limits import blank_png, digit_rgba
 from conftest import BUNDLED_MODEL, assert_one_line, call, file_data, free_port, upload
-from PIL import Image, ImageDraw
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

@@ -8,11 +8,11 @@ import json
 import sys
 from pathlib import Path
 
-from vit_hub.model.config import PRESETS, ViTConfig, size_text
 from vit_hub.console import OneLineErrorParser, add_field_flags, run_reporting_errors
 from vit_hub.errors import UserError
 from vit_hub.hub.push_pull import add_hub_commands, run_pull, run_push
 from vit_hub.layout import ModelDir
+from vit_hub.model.config import PRESETS, ViTConfig, size_text
 
 DESCRIPTION = ("Train a Vision Transformer on a folder of images, evaluate it, push it to the Hugging Face Hub "
                "and see what it learned. Each command's --help lists its flags and their defaults.")
@@ -208,8 +208,8 @@ def _settings(args: argparse.Namespace):
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from vit_hub.train.settings import TrainSettings
     from vit_hub.train.run import train
+    from vit_hub.train.settings import TrainSettings
 
     if args.resume:  # the checkpoint's own settings are replayed; flags given again must match them
         flags = {name: value for name, value in _given_settings(args).items() if name != "out"}
@@ -243,8 +243,7 @@ def run_eval(args: argparse.Namespace) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> None:
-    from vit_hub.hub.pretrained import load_model
-    from vit_hub.hub.pretrained import predict_images
+    from vit_hub.hub.pretrained import load_model, predict_images
 
     model = load_model(args.model)
     for path, ranked in zip(args.images, predict_images(model, args.images, args.top_k)):
@@ -253,8 +252,8 @@ def run_predict(args: argparse.Namespace) -> None:
 
 
 def run_info(args: argparse.Namespace) -> None:
-    from vit_hub.model.vit import VisionTransformer
     from vit_hub.model.flops import summarize
+    from vit_hub.model.vit import VisionTransformer
 
     if args.model:
         from vit_hub.hub.pretrained import load_model
@@ -289,8 +288,8 @@ def run_import(args: argparse.Namespace) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> None:
-    from vit_hub.insight.inspect import inspect_model
     from vit_hub.hub.pretrained import load_model
+    from vit_hub.insight.inspect import inspect_model
 
     model = load_model(args.model)
     written = inspect_model(model, args.out, args.data, args.data_root, args.split, args.samples, args.seed)

@@ -17,9 +17,9 @@ from PIL import Image, ImageFilter, ImageStat
 from torchvision import transforms
 from torchvision.transforms import v2
 
-from vit_hub.model.config import ViTConfig
 from vit_hub.data.choices import AUGMENTATIONS
 from vit_hub.errors import DataError
+from vit_hub.model.config import ViTConfig
 from vit_hub.processing.preprocess import channels_first, dataset_stats, normalize, resize, to_model_domain
 
 CROP_SCALE = (0.5, 1.0)  # share of the image a random-resized crop keeps

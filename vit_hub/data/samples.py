@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vit_hub.model.config import ViTConfig
 from vit_hub.layout import ModelDir
+from vit_hub.model.config import ViTConfig
 
 # One MNIST test digit per class, laid out like a model dir's samples/ folder.
 BUNDLED_DIGITS = Path(__file__).resolve().parents[1] / "bundled" / ModelDir.samples

@@ -20,6 +20,7 @@ import gzip
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -28,11 +29,10 @@ from torchvision import datasets
 
 from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence
-from vit_hub.model.config import DIGIT_LABELS, ViTConfig
-from vit_hub.errors import DataError
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
+from vit_hub.errors import DataError
+from vit_hub.model.config import DIGIT_LABELS, ViTConfig, convstem_fits, preset_fields, suggest_for_data
 from vit_hub.processing.preprocess import MIN_STD, resize, to_model_domain
-
 
 BUNDLED_MNIST = Path(__file__).resolve().parents[1] / "bundled"
 
@@ -290,3 +290,24 @@ def compute_mean_std(dataset: Dataset, config: ViTConfig, seed: int = 0,
     std = np.maximum(pixels.std(axis=(0, 1)), MIN_STD)
     return pixels.mean(axis=(0, 1)).round(4).tolist(), std.round(4).tolist()
 
+
+def config_for_data(splits: DataSplits, preset: str | None, overrides: dict[str, Any], seed: int,
+                    stats: ImageStats | None = None) -> ViTConfig:
+    """The model for this data: the preset's fields, or ones chosen from the images (described by
+    `stats`, or sampled here), then the explicit `overrides` (ViTConfig fields; None: not given);
+    mean/std measured on the training images unless given; labels from the data."""
+    if preset:
+        values = preset_fields(preset)
+    else:
+        stats = stats or describe_images(splits.train, seed)
+        values = suggest_for_data(stats.num_train, stats.model_channels, stats.median_side)
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    values["labels"] = splits.labels
+    chosen_stem = overrides.get("patch_embedding") is None
+    if chosen_stem and values.get("patch_embedding") == "convstem" and not convstem_fits(values.get("patch_size", 16)):
+        values["patch_embedding"] = "shifted"  # the default stem cannot halve down to this patch size
+    if values.get("mean") is None or values.get("std") is None:  # measure what was not given
+        probe = ViTConfig.from_dict({**values, "mean": None, "std": None})
+        measured = dict(zip(("mean", "std"), compute_mean_std(splits.train, probe, seed)))
+        values.update({key: value for key, value in measured.items() if values.get(key) is None})
+    return ViTConfig.from_dict(values)

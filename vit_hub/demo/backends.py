@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vit_hub.explain.attribution import METHODS, Forward, check_method
-from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
+from vit_hub.explain.attribution import METHODS, Forward, check_method
 from vit_hub.layout import ModelDir
+from vit_hub.model.config import ViTConfig
 from vit_hub.processing.postprocess import softmax
 
 BACKENDS = ("torch", "onnx")

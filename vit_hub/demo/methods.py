@@ -14,11 +14,11 @@ import math
 import warnings
 from pathlib import Path
 
-from vit_hub.explain.attribution import METHODS
-from vit_hub.model.fields import read_json
-from vit_hub.errors import UserError
-from vit_hub.layout import ModelDir
 from vit_hub.demo.backends import Predictor
+from vit_hub.errors import UserError
+from vit_hub.explain.attribution import METHODS
+from vit_hub.layout import ModelDir
+from vit_hub.model.fields import read_json
 
 DEFAULT_METHOD = "integrated_gradients"
 ONNX_DEFAULT_METHOD = "rollout"

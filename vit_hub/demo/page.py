@@ -27,21 +27,21 @@ from typing import Any
 import gradio as gr
 from PIL import Image
 
-from vit_hub.explain.attribution import METHODS
-from vit_hub.model.config import ViTConfig, size_text
-from vit_hub.errors import UserError
-from vit_hub.insight.views import ModelViews, compute_views, pooled_token
-from vit_hub.insight.figures import view_images
-from vit_hub.insight.inspect import default_data, load_pixels
-from vit_hub.processing.preprocess import model_pixels, pixel_limit, to_model_domain
-from vit_hub.processing.postprocess import top_k
-from vit_hub.explain.rollout import HEAD_FUSIONS
 from vit_hub.data.samples import example_images, is_digit_model
 from vit_hub.demo.backends import Predictor
 from vit_hub.demo.methods import faithfulness_table, opening_method
 from vit_hub.demo.pictures import answer, explain, map_values
-from vit_hub.demo.uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, map_large_blocks, message_gradio_refusals,
-                      read_drawing, read_upload, user_errors, without_paths)
+from vit_hub.demo.uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchpad, map_large_blocks,
+                                  message_gradio_refusals, read_drawing, read_upload, user_errors, without_paths)
+from vit_hub.errors import UserError
+from vit_hub.explain.attribution import METHODS
+from vit_hub.explain.rollout import HEAD_FUSIONS
+from vit_hub.insight.figures import view_images
+from vit_hub.insight.inspect import default_data, load_pixels
+from vit_hub.insight.views import ModelViews, compute_views, pooled_token
+from vit_hub.model.config import ViTConfig, size_text
+from vit_hub.processing.postprocess import top_k
+from vit_hub.processing.preprocess import model_pixels, pixel_limit, to_model_domain
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a Space folder
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue

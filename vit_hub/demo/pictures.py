@@ -13,14 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from vit_hub.demo.backends import Predictor
 from vit_hub.explain.attribution import METHODS, check_method
-from vit_hub.model.config import ViTConfig
-from vit_hub.insight.views import head_maps
+from vit_hub.explain.rollout import layer_rollouts, overlay
 from vit_hub.insight.figures import head_grid
+from vit_hub.insight.views import head_maps
+from vit_hub.model.config import ViTConfig
 from vit_hub.processing.postprocess import top_k
 from vit_hub.processing.preprocess import model_pixels, resize
-from vit_hub.explain.rollout import layer_rollouts, overlay
-from vit_hub.demo.backends import Predictor
 
 DISPLAY_MIN_SIDE = 280
 DISPLAY_MAX_SIDE = 1024

@@ -16,10 +16,10 @@ import sys
 from typing import Any
 
 from vit_hub.console import OneLineErrorParser
-from vit_hub.errors import UserError
-from vit_hub.hub.space import SpaceSettings, read_settings
 from vit_hub.demo.backends import BACKENDS, load_predictor
 from vit_hub.demo.page import CHECKOUT, build_demo, serve
+from vit_hub.errors import UserError
+from vit_hub.hub.space import SpaceSettings, read_settings
 
 DEFAULT_MODEL = CHECKOUT / "models" / "vit-mnist"
 MAX_PORT = 65535

@@ -20,8 +20,8 @@ from gradio.data_classes import FileData
 from gradio.utils import get_upload_folder
 from PIL import Image
 
-from vit_hub.processing.canonical import EmptyImageError, centre_digit
 from vit_hub.errors import UserError
+from vit_hub.processing.canonical import EmptyImageError, centre_digit
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, check_header, load_image, open_image, to_model_mode
 
 MAX_FILE_SIZE = "20mb"

@@ -34,8 +34,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from vit_hub.explain.blanking import blank_pixels, patch_masks
 from vit_hub.errors import UserError
+from vit_hub.explain.blanking import blank_pixels, patch_masks
 from vit_hub.explain.rollout import as_numpy, attention_rollout, last_layer_attention, scale_maps
 
 

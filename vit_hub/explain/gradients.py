@@ -2,7 +2,7 @@
 the attention weights, the pixels or the patch embeddings. Every map is [B, grid_h, grid_w]
 scaled to [0, 1] (NumPy float32), higher where a patch supports the class more.
 
-The attention weights the model returns are in the autograd graph (model.py), so their
+The attention weights the model returns are in the autograd graph (vit.py), so their
 gradients are one `torch.autograd.grad` call. The embedding method runs the model from its
 patch embeddings on (`VisionTransformer.forward_from_patches`), at points on the straight path
 from the blank image's embeddings (`blanking.blank_pixels`) to the image's, and reads the

@@ -33,8 +33,8 @@ import numpy as np
 from matplotlib import colormaps
 from PIL import Image
 
-from vit_hub.model.config import POOLINGS, size_text
 from vit_hub.errors import UserError
+from vit_hub.model.config import POOLINGS, size_text
 
 HEAD_FUSIONS = ("mean", "max", "min")
 

@@ -22,11 +22,11 @@ from urllib.parse import quote
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from vit_hub.model.config import ViTConfig, size_text
-from vit_hub.model.fields import read_json
 from vit_hub.errors import UserError
 from vit_hub.insight.views import NOT_SHOWN
 from vit_hub.layout import INSPECT_FIGURES, ModelDir
+from vit_hub.model.config import ViTConfig, size_text
+from vit_hub.model.fields import read_json
 from vit_hub.storage import count_parameters
 
 # How the Hub files every vit_hub repo: its library, its task, and the tags a model repo and a

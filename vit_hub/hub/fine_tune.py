@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
+from vit_hub.model.config import ViTConfig
 
 
 @dataclasses.dataclass

@@ -30,17 +30,17 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from vit_hub.model.config import ViTConfig, size_text
-from vit_hub.model.fields import read_json
-from vit_hub.hub.key_mapping import ImportRefused, convert_timm, convert_transformers
 from vit_hub.errors import UserError
 from vit_hub.hub.fine_tune import PretrainedStart
-from vit_hub.hub.repos import check_model_dir, fetch_file, has_file
-from vit_hub.layout import ModelDir
+from vit_hub.hub.key_mapping import ImportRefused, convert_timm, convert_transformers
 from vit_hub.hub.pretrained import HubVisionTransformer
+from vit_hub.hub.repos import check_model_dir, fetch_file, has_file
+from vit_hub.hub.weight_checks import (WeightsError, check_attention_size, check_finite, check_weights_fit,
+                                       compare_shapes, expected_shapes, stored_shapes)
+from vit_hub.layout import ModelDir
+from vit_hub.model.config import ViTConfig, size_text
+from vit_hub.model.fields import read_json
 from vit_hub.storage import read_card, reading_safetensors
-from vit_hub.hub.weight_checks import (WeightsError, check_attention_size, check_finite, check_weights_fit, compare_shapes,
-                            expected_shapes, stored_shapes)
 
 PREPROCESSOR = "preprocessor_config.json"  # transformers' image processor: mean, std, resampling
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.pt", "pytorch_model.bin.index.json")
@@ -213,7 +213,7 @@ def convert(files: SourceFiles) -> Imported:
 
 def check_converted(config: ViTConfig, weights: dict[str, torch.Tensor], reference: str) -> None:
     """Before a model is built from them: the converted weights are exactly those a vit_hub model
-    of `config` holds (names and shapes, from model.py on the meta device), one image's attention
+    of `config` holds (names and shapes, from vit.py on the meta device), one image's attention
     maps are not absurd for weights that size, and every weight is finite."""
     where = f"{reference}: the converted weights"
     try:

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from vit_hub.model.config import INTERPOLATIONS, ViTConfig, size_text
 from vit_hub.errors import UserError
+from vit_hub.model.config import INTERPOLATIONS, ViTConfig, size_text
 
 # ImageNet-1k's class names in class-index order: the WordNet lemmas of its synsets, as timm
 # lists them (timm/data/_info), one per line.

@@ -26,17 +26,17 @@ import safetensors.torch
 import torch
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 
-from vit_hub.model import vit
+from vit_hub.errors import UserError
 from vit_hub.hub.card import LIBRARY_NAME, MODEL_TAGS, PIPELINE_TAG
+from vit_hub.hub.repos import check_config, fetch_repo, resolve_model_dir
+from vit_hub.hub.weight_checks import check_finite, check_weights_fit, compare_shapes, stored_shapes
+from vit_hub.layout import ModelDir
+from vit_hub.model import vit
 from vit_hub.model.config import ViTConfig
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.postprocess import top_k as rank_top_k
 from vit_hub.processing.preprocess import ImageInput, preprocess_batch
-from vit_hub.errors import UserError
-from vit_hub.hub.repos import check_config, fetch_repo, resolve_model_dir
-from vit_hub.layout import ModelDir
 from vit_hub.storage import reading_safetensors, replace_files
-from vit_hub.hub.weight_checks import check_finite, check_weights_fit, compare_shapes, stored_shapes
 
 SAVE_STAGING = ".saving"  # folder inside a model dir that save_pretrained writes before moving files in
 

@@ -32,15 +32,15 @@ from urllib.parse import urlsplit
 
 import httpx2
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token, hf_hub_download, snapshot_download
-from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError, LocalEntryNotFoundError,
+from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, HFValidationError, LocalEntryNotFoundError,
                                     OfflineModeIsEnabled, RemoteEntryNotFoundError, RepositoryNotFoundError,
                                     RevisionNotFoundError)
 from huggingface_hub.utils import validate_repo_id
 
 from vit_hub.errors import UserError
 from vit_hub.hub.card import is_generated_card, render_card_text
-from vit_hub.model.config import ViTConfig
 from vit_hub.layout import PUBLISHED_FILES, ExportLayout, ModelDir
+from vit_hub.model.config import ViTConfig
 from vit_hub.storage import check_safetensors, read_card
 
 DEFAULT_BRANCH = "main"

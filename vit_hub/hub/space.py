@@ -36,14 +36,14 @@ from pathlib import Path
 
 from huggingface_hub import HfApi, RepoCard
 
-from vit_hub.hub.card import HUB_TAGS
-from vit_hub.model.config import ViTConfig
-from vit_hub.errors import UserError
-from vit_hub.hub.repos import (DEFAULT_BRANCH, _push_token, _refuse_links_out, _replace_folder, check_config, check_model_dir,
-                  check_repo_id, fetch_file, has_file, hub_endpoint, hub_errors)
-from vit_hub.layout import PUBLISHED_FILES, ExportLayout, ModelDir
-from vit_hub.storage import read_card
 from vit_hub.data.samples import BUNDLED_DIGITS, kept_samples
+from vit_hub.errors import UserError
+from vit_hub.hub.card import HUB_TAGS
+from vit_hub.hub.repos import (DEFAULT_BRANCH, _push_token, _refuse_links_out, _replace_folder, check_config,
+                               check_model_dir, check_repo_id, fetch_file, has_file, hub_endpoint, hub_errors)
+from vit_hub.layout import PUBLISHED_FILES, ExportLayout, ModelDir
+from vit_hub.model.config import ViTConfig
+from vit_hub.storage import read_card
 
 SETTINGS_FILE = "space.json"  # in the Space folder: the model app.py serves and how
 # In the Space folder: the sha256 of each file written, so a later `vit-hub space` replaces only a

@@ -25,12 +25,12 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from vit_hub.model.config import ViTConfig
+from vit_hub.data.samples import BUNDLED_DIGITS, is_digit_model, kept_samples
 from vit_hub.errors import UserError
 from vit_hub.hub.repos import _refuse_links_out, check_model_dir, check_repo_id
-from vit_hub.layout import ExportLayout, ModelDir
-from vit_hub.data.samples import BUNDLED_DIGITS, is_digit_model, kept_samples
 from vit_hub.hub.space import MAX_BUNDLE_BYTES, SpaceSettings, WrittenSpace, _check_out, _licence, _yaml, write_folder
+from vit_hub.layout import ExportLayout, ModelDir
+from vit_hub.model.config import ViTConfig
 
 ORT_WEB_VERSION = "1.30.0"
 ORT_WEB_TARBALL = f"https://registry.npmjs.org/onnxruntime-web/-/onnxruntime-web-{ORT_WEB_VERSION}.tgz"

@@ -1,7 +1,7 @@
 """Checking weights before a model is built from them: the one job of this module.
 
 A model dir, a pulled repo and an imported checkpoint are untrusted input. Before anything is
-allocated at full size, the name and shape of every weight a config implies (model.py built on
+allocated at full size, the name and shape of every weight a config implies (vit.py built on
 the meta device) are compared with the safetensors header (read alone, its size bounded), and
 the attention maps one image would need are compared with the weights' size: a 19 KB file
 cannot ask for gigabytes. Once read, weights holding NaN or infinities are refused. Every
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from vit_hub.errors import UserError
 from vit_hub.model import vit as model
 from vit_hub.model.config import ViTConfig
-from vit_hub.errors import UserError
 from vit_hub.storage import HEADER_LENGTH_BYTES, reading_safetensors
 
 # A safetensors header is JSON of about 100 bytes a tensor: a depth-512 model's is under 1 MiB.
@@ -51,7 +51,7 @@ class _Unallocated(model.VisionTransformer):
 
 
 def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor a model of `config` stores, as model.py builds it: on the
+    """Name -> shape of every tensor a model of `config` stores, as vit.py builds it: on the
     meta device, which allocates no storage. Fixed sin-cos positions are computed, never stored,
     so the model is built with learned ones and their table left out (building the sin-cos
     table on the meta device would import torch's compiler, which costs a second a load)."""
@@ -65,7 +65,7 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
 def stored_shapes(weights: str | Path) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor of a safetensors file, from its header alone (JSON of at most
     MAX_HEADER_BYTES; safetensors checks that the shapes it declares fill the file exactly), by
-    the names model.py uses today (older checkpoints' names upgraded: `model.upgrade_state_dict`)."""
+    the names vit.py uses today (older checkpoints' names upgraded: `vit.upgrade_state_dict`)."""
     with reading_safetensors(weights):
         with open(weights, "rb") as handle:
             header_bytes = struct.unpack("<Q", handle.read(HEADER_LENGTH_BYTES))[0]

@@ -18,9 +18,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from PIL import Image
 
-from vit_hub.model.config import ViTConfig
-from vit_hub.insight.views import ModelViews, PatchFilters, pooled_token, uniform_distance
 from vit_hub.explain.rollout import colour_table
+from vit_hub.insight.views import ModelViews, PatchFilters, pooled_token, uniform_distance
+from vit_hub.model.config import ViTConfig
 
 
 def draw_views(views: ModelViews) -> dict[str, Figure]:

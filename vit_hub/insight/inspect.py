@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from vit_hub.model.config import DIGIT_LABELS, ViTConfig
-from vit_hub.errors import UserError
-from vit_hub.insight.views import ModelViews, compute_views, torch_attend, torch_weights
-from vit_hub.insight.figures import draw_views, save_figure
-from vit_hub.layout import INSPECT_FIGURES, ModelDir
 from vit_hub.data.samples import BUNDLED_DIGITS
+from vit_hub.errors import UserError
+from vit_hub.insight.figures import draw_views, save_figure
+from vit_hub.insight.views import ModelViews, compute_views, torch_attend, torch_weights
+from vit_hub.layout import INSPECT_FIGURES, ModelDir
+from vit_hub.model.config import DIGIT_LABELS, ViTConfig
 from vit_hub.storage import reading_safetensors, write_text_atomically
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")

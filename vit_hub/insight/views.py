@@ -32,11 +32,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vit_hub.model.config import ViTConfig
 from vit_hub.errors import UserError
-from vit_hub.layout import ModelDir
-from vit_hub.model.positions import sincos_positions
 from vit_hub.explain.rollout import as_numpy, scale_maps
+from vit_hub.layout import ModelDir
+from vit_hub.model.config import ViTConfig
+from vit_hub.model.positions import sincos_positions
 
 PATCH_WEIGHT = "patch_embedding.to_tokens.weight"
 SHOWN_COMPONENTS = 28  # as many principal components as the paper's Figure 7 shows

@@ -11,7 +11,6 @@ Each takes [B, C, H, W] pixels and returns tokens [B, N, D], N = (H/p) * (W/p), 
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn

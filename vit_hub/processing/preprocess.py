@@ -17,9 +17,9 @@ from typing import Any, BinaryIO, Union
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from vit_hub.processing.canonical import centre_digit
-from vit_hub.model.config import ViTConfig, size_text
 from vit_hub.errors import UserError
+from vit_hub.model.config import ViTConfig, size_text
+from vit_hub.processing.canonical import centre_digit
 
 ImageInput = Union[str, Path, Image.Image, np.ndarray]
 Pixels = Any  # a NumPy array or a torch tensor (this module does not import torch)

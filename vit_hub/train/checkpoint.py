@@ -24,12 +24,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from vit_hub.model.config import ViTConfig
 from vit_hub.layout import ModelDir
+from vit_hub.model.config import ViTConfig
 from vit_hub.model.vit import VisionTransformer
-from vit_hub.train.settings import HOW_TO_RUN, TrainingError, TrainSettings, setting_flag
 from vit_hub.storage import reading_safetensors, replacing, write_text_atomically
-
+from vit_hub.train.settings import HOW_TO_RUN, TrainingError, TrainSettings, setting_flag
 
 # Validation images a run needs to keep its best epoch by validation accuracy rather than its
 # last. Accuracy on n images has a standard error of up to 50/sqrt(n) points (1.6 at 1,000, 7

@@ -8,10 +8,10 @@ weights, metrics and plots of a model dir.
          validation, or the last when validation is too small to choose by (`Selection`)
       -> at the end: the kept weights evaluated on the test split, curves, confusion matrix
 
-`build_trainer()` does the set-up (reads the checkpoint, joins the process group, lists the
-data, chooses the config, builds the model, optimizer and loaders) and hands the parts to a
-`Trainer`, which runs the epochs. The parts live in their own modules: settings, schedule,
-step, loaders, checkpoint, distributed, flops, evaluation, run_report, fine_tune.
+`vit_hub.train.run.build_trainer()` does the set-up (reads the checkpoint, joins the process
+group, lists the data, chooses the config, builds the model, optimizer and loaders) and hands
+the parts to a `Trainer`, which runs the epochs. The parts live in their own modules: settings,
+schedule, step, loaders, checkpoint, distributed, evaluation, report.
 
 Nothing here reads the Hub or writes the model card: `vit_hub.train.run.train()`, what
 `vit-hub train` runs, resolves `--init` to pretrained weights, runs this loop, then writes
@@ -30,28 +30,26 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from vit_hub.data import sources as vdata
-from vit_hub.train import report as run_report
-from vit_hub.train.checkpoint import (Progress, Selection, check_resume_flags, load_checkpoint, load_kept_model,
-                         read_checkpoint_state, resumed_settings, save_checkpoint, save_kept_model)
-from vit_hub.model.config import ViTConfig, convstem_fits, preset_fields, suggest_for_data
-from vit_hub.train.distributed import Runtime, all_reduce, barrier, from_main, start_runtime
-from vit_hub.train.evaluation import evaluate, final_evaluation
-from vit_hub.model.flops import flop_rates, run_peak_flops, training_flops
-from vit_hub.hub.fine_tune import PretrainedStart, describe, fine_tune_config, fine_tune_weights
+from vit_hub.hub.fine_tune import PretrainedStart, describe
 from vit_hub.layout import ModelDir
-from vit_hub.train.loaders import RunLoaders, UnreadableReport, build_loaders
+from vit_hub.model.config import ViTConfig
+from vit_hub.model.flops import flop_rates, run_peak_flops
 from vit_hub.model.vit import VisionTransformer
-from vit_hub.train.schedule import Schedule, plan_schedule
-from vit_hub.train.settings import TrainingError, TrainSettings, check_out_outside_data, check_settings
-from vit_hub.train.step import TrainStep, build_step, make_optimizer
 from vit_hub.storage import write_text_atomically
+from vit_hub.train import report as run_report
+from vit_hub.train.checkpoint import Progress, load_kept_model, save_checkpoint, save_kept_model
+from vit_hub.train.distributed import Runtime, all_reduce, barrier
+from vit_hub.train.evaluation import evaluate, final_evaluation
+from vit_hub.train.loaders import RunLoaders, UnreadableReport
+from vit_hub.train.schedule import Schedule
+from vit_hub.train.settings import TrainingError, TrainSettings
+from vit_hub.train.step import TrainStep
 
 # Each epoch reseeds dropout and stochastic depth with seed x this + epoch, so a resumed run draws
 # what an uninterrupted one would, and no two (seed, epoch) pairs share a stream.
@@ -260,96 +258,3 @@ class Trainer:
             run_report.write_figures(self.out, self.progress.history, results, self.plan.config.labels)
             run_report.print_summary(self.out.folder, final, self.progress, self.data.unreadable.summary())
         return {**self._metrics(), **final}
-
-
-# Set-up -------------------------------------------------------------------------------------
-def build_config(settings: TrainSettings, splits: vdata.DataSplits,
-                 stats: vdata.ImageStats | None = None) -> ViTConfig:
-    """Preset (or one chosen from the data, described by `stats` or measured here) < explicit
-    flags; mean/std from the training images unless given; labels from the data."""
-    if settings.preset:
-        values = preset_fields(settings.preset)
-    else:
-        stats = stats or vdata.describe_images(splits.train, settings.seed)
-        values = suggest_for_data(stats.num_train, stats.model_channels, stats.median_side)
-    values.update({key: value for key, value in settings.model.items() if value is not None})
-    values["labels"] = splits.labels
-    chosen_stem = settings.model.get("patch_embedding") is None
-    if chosen_stem and values.get("patch_embedding") == "convstem" and not convstem_fits(values.get("patch_size", 16)):
-        values["patch_embedding"] = "shifted"  # the default stem cannot halve down to this patch size
-    if values.get("mean") is None or values.get("std") is None:  # measure what was not given
-        probe = ViTConfig.from_dict({**values, "mean": None, "std": None})
-        measured = dict(zip(("mean", "std"), vdata.compute_mean_std(splits.train, probe, settings.seed)))
-        values.update({key: value for key, value in measured.items() if values.get(key) is None})
-    return ViTConfig.from_dict(values)
-
-
-def _choose_config(settings: TrainSettings, splits: vdata.DataSplits, runtime: Runtime, start: PretrainedStart | None,
-                   state: dict[str, Any] | None) -> tuple[vdata.ImageStats | None, ViTConfig]:
-    """The checkpoint's config on resume, the pretrained model's when fine-tuning, else the
-    preset's or one chosen from a few hundred (at most 5,000) sampled images, read on rank 0 only."""
-    if state is not None:
-        return None, ViTConfig.from_dict(state["config"])
-    if start is not None:
-        return None, fine_tune_config(start, splits.labels, settings.model)
-
-    def choose() -> tuple[vdata.ImageStats | None, ViTConfig]:
-        stats = None if settings.preset else vdata.describe_images(splits.train, settings.seed)
-        return stats, build_config(settings, splits, stats)
-
-    return from_main(runtime, choose)
-
-
-def _build_model(config: ViTConfig, seed: int, start: PretrainedStart | None,
-                 device: torch.device) -> VisionTransformer:
-    """The model, its weights seeded (or the pretrained ones placed: strict, every weight)."""
-    torch.manual_seed(seed)
-    model = VisionTransformer(config)
-    if start is not None:
-        model.load_state_dict(fine_tune_weights(start, config))
-    return model.to(device)
-
-
-def build_trainer(settings: TrainSettings, resume: bool = False, resume_flags: dict[str, Any] | None = None,
-                  start: PretrainedStart | None = None) -> Trainer:
-    """Everything a run needs, in order: the settings (the checkpoint's, with `resume`),
-    the process group, the data (listed once, on rank 0), the config, the schedule, the model
-    and optimizer (the checkpoint's tensors put back), the loaders and the step.
-
-    `start`: the pretrained weights `settings.init` names, for a new run (the caller reads
-    them: `vit_hub.hub.import_model.load_init`); a resumed run has its weights in its checkpoint."""
-    resume_flags = resume_flags or {}
-    out = Path(settings.out)
-    state = read_checkpoint_state(out) if resume else None
-    if state is not None:
-        settings, start = resumed_settings(state, resume_flags), None
-    elif bool(settings.init) != (start is not None):
-        raise ValueError(f"build_trainer: expected the pretrained weights of --init {settings.init} as `start` "
-                         f"exactly when it is given, got start={'given' if start else None}")
-    check_settings(settings)
-    check_out_outside_data(out, settings.data)
-    runtime = start_runtime(settings.device)
-    # Files are checked as they are read, so start-up does not grow with the size of the data.
-    index = from_main(runtime, lambda: vdata.index_source(settings.data))
-    splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split, settings.seed,
-                               settings.strict, index=index)
-    data_stats, config = _choose_config(settings, splits, runtime, start, state)
-    schedule = plan_schedule(settings, len(splits.train), runtime.world_size)
-    if state is not None:
-        resolved = {"epochs": schedule.epochs, "batch_size": schedule.batch_size, "lr": schedule.peak_lr,
-                    "warmup_epochs": schedule.warmup_epochs}
-        check_resume_flags(resume_flags, resolved, settings, config, out)
-    model = _build_model(config, settings.seed, start, runtime.device)
-    optimizer = make_optimizer(model, settings.weight_decay, schedule.peak_lr)
-    selection = Selection.for_validation(len(splits.val) if splits.val is not None else None)
-    progress = Progress(selection=selection)
-    if state is not None:
-        progress = Progress.from_state(load_checkpoint(ModelDir(out).checkpoint, model, optimizer), selection)
-    flops = training_flops(model)
-    loaders = build_loaders(settings, runtime, config, splits, schedule)
-    step = build_step(model, optimizer, runtime, settings.compile, schedule.total_steps,
-                      settings.label_smoothing, settings.grad_clip)
-    data = RunData(splits=splits, unreadable=UnreadableReport(splits, runtime), stats=data_stats)
-    plan = RunPlan(config=config, schedule=schedule, start=start)
-    return Trainer(settings=settings, out=ModelDir(out), runtime=runtime, data=data, plan=plan, model=model,
-                   step=step, loaders=loaders, progress=progress, flops_per_image=flops)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,10 +18,10 @@ from matplotlib.figure import Figure  # a figure of its own: no pyplot state, no
 from torch import nn
 
 from vit_hub.data import sources as vdata
-from vit_hub.train.checkpoint import Progress
-from vit_hub.model.config import ViTConfig, size_text
-from vit_hub.train.distributed import Runtime
 from vit_hub.layout import ModelDir
+from vit_hub.model.config import ViTConfig, size_text
+from vit_hub.train.checkpoint import Progress
+from vit_hub.train.distributed import Runtime
 from vit_hub.train.schedule import Schedule
 from vit_hub.train.step import TrainStep
 

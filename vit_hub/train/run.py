@@ -1,12 +1,15 @@
 """A whole training run, what `vit-hub train` and `vit-hub sweep` run: from `--data` to a
-model dir ready for the Hub.
+model dir ready for the Hub. Read it top to bottom:
 
-    --out checked -> `--init` resolved to pretrained weights (a folder or a Hub repo)
-      -> the training loop (`vit_hub.train.loop`: weights, config, metrics, plots, checkpoint)
-      -> when every epoch has run: the views of what the model learned and the model card
+    train()            --out checked and locked; `--init` resolved to pretrained weights
+      build_trainer()  the checkpoint (with --resume), the device and processes, the data listed
+                       and split, the model chosen for it, the schedule, the model and optimizer,
+                       the loaders and the optimizer step
+      Trainer.run()    the epochs (`vit_hub.train.loop`): weights, config, metrics, plots, checkpoint
+      write_views_and_card()  when every epoch has run: the temperature of the probabilities,
+                       the views of what the model learned, example images and the model card
 
-The loop below this module never reads the Hub nor writes a card; this module sits above
-both and joins them.
+The loop never reads the Hub nor writes a card; this module sits above both and joins them.
 """
 
 from __future__ import annotations
@@ -15,17 +18,30 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vit_hub.train.calibration import fit_temperature, validation_logits
+import torch
+
+from vit_hub.data import sources as vdata
+from vit_hub.data.samples import write_samples
 from vit_hub.hub.card import write_model_card
-from vit_hub.model.fields import read_json
-from vit_hub.train.distributed import stop_runtime
-from vit_hub.hub.fine_tune import PretrainedStart
+from vit_hub.hub.fine_tune import PretrainedStart, fine_tune_config, fine_tune_weights
 from vit_hub.hub.import_model import load_init
 from vit_hub.insight.inspect import views_after_training
-from vit_hub.data.samples import write_samples
+from vit_hub.layout import ModelDir
+from vit_hub.model.config import ViTConfig
+from vit_hub.model.fields import read_json
+from vit_hub.model.flops import training_flops
+from vit_hub.model.vit import VisionTransformer
 from vit_hub.storage import write_text_atomically
-from vit_hub.train.settings import TrainSettings, check_out_is_a_folder, check_out_is_free, check_settings, holding_out
-from vit_hub.train.loop import Trainer, build_trainer
+from vit_hub.train.calibration import fit_temperature, validation_logits
+from vit_hub.train.checkpoint import (Progress, Selection, check_resume_flags, load_checkpoint, read_checkpoint_state,
+                                      resumed_settings)
+from vit_hub.train.distributed import Runtime, from_main, start_runtime, stop_runtime
+from vit_hub.train.loaders import UnreadableReport, build_loaders
+from vit_hub.train.loop import RunData, RunPlan, Trainer
+from vit_hub.train.schedule import plan_schedule
+from vit_hub.train.settings import (TrainSettings, check_out_is_a_folder, check_out_is_free, check_out_outside_data,
+                                    check_settings, holding_out)
+from vit_hub.train.step import build_step, make_optimizer
 
 
 def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int | None = None,
@@ -63,6 +79,89 @@ def pretrained_start(settings: TrainSettings) -> PretrainedStart | None:
     return load_init(settings.init)
 
 
+def build_trainer(settings: TrainSettings, resume: bool = False, resume_flags: dict[str, Any] | None = None,
+                  start: PretrainedStart | None = None) -> Trainer:
+    """Everything a run needs, in order: the settings (the checkpoint's, with `resume`),
+    the process group, the data (listed once, on rank 0), the config, the schedule, the model
+    and optimizer (the checkpoint's tensors put back), the loaders and the step.
+
+    `start`: the pretrained weights `settings.init` names, for a new run (the caller reads
+    them: `vit_hub.hub.import_model.load_init`); a resumed run has its weights in its checkpoint."""
+    resume_flags = resume_flags or {}
+    out = Path(settings.out)
+    state = read_checkpoint_state(out) if resume else None
+    if state is not None:
+        settings, start = resumed_settings(state, resume_flags), None
+    elif bool(settings.init) != (start is not None):
+        raise ValueError(f"build_trainer: expected the pretrained weights of --init {settings.init} as `start` "
+                         f"exactly when it is given, got start={'given' if start else None}")
+    check_settings(settings)
+    check_out_outside_data(out, settings.data)
+    runtime = start_runtime(settings.device)
+    # Files are checked as they are read, so start-up does not grow with the size of the data.
+    index = from_main(runtime, lambda: vdata.index_source(settings.data))
+    splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split, settings.seed,
+                               settings.strict, index=index)
+    data_stats, config = _choose_config(settings, splits, runtime, start, state)
+    schedule = plan_schedule(settings, len(splits.train), runtime.world_size)
+    if state is not None:
+        resolved = {"epochs": schedule.epochs, "batch_size": schedule.batch_size, "lr": schedule.peak_lr,
+                    "warmup_epochs": schedule.warmup_epochs}
+        check_resume_flags(resume_flags, resolved, settings, config, out)
+    model = _build_model(config, settings.seed, start, runtime.device)
+    optimizer = make_optimizer(model, settings.weight_decay, schedule.peak_lr)
+    selection = Selection.for_validation(len(splits.val) if splits.val is not None else None)
+    progress = Progress(selection=selection)
+    if state is not None:
+        progress = Progress.from_state(load_checkpoint(ModelDir(out).checkpoint, model, optimizer), selection)
+    flops = training_flops(model)
+    loaders = build_loaders(settings, runtime, config, splits, schedule)
+    step = build_step(model, optimizer, runtime, settings.compile, schedule.total_steps,
+                      settings.label_smoothing, settings.grad_clip)
+    data = RunData(splits=splits, unreadable=UnreadableReport(splits, runtime), stats=data_stats)
+    plan = RunPlan(config=config, schedule=schedule, start=start)
+    return Trainer(settings=settings, out=ModelDir(out), runtime=runtime, data=data, plan=plan, model=model,
+                   step=step, loaders=loaders, progress=progress, flops_per_image=flops)
+
+
+def _choose_config(settings: TrainSettings, splits: vdata.DataSplits, runtime: Runtime, start: PretrainedStart | None,
+                   state: dict[str, Any] | None) -> tuple[vdata.ImageStats | None, ViTConfig]:
+    """The checkpoint's config on resume, the pretrained model's when fine-tuning, else the
+    preset's or one chosen from a few hundred (at most 5,000) sampled images, read on rank 0 only."""
+    if state is not None:
+        return None, ViTConfig.from_dict(state["config"])
+    if start is not None:
+        return None, fine_tune_config(start, splits.labels, settings.model)
+
+    def choose() -> tuple[vdata.ImageStats | None, ViTConfig]:
+        stats = None if settings.preset else vdata.describe_images(splits.train, settings.seed)
+        return stats, vdata.config_for_data(splits, settings.preset, settings.model, settings.seed, stats)
+
+    return from_main(runtime, choose)
+
+
+def _build_model(config: ViTConfig, seed: int, start: PretrainedStart | None,
+                 device: torch.device) -> VisionTransformer:
+    """The model, its weights seeded (or the pretrained ones placed: strict, every weight)."""
+    torch.manual_seed(seed)
+    model = VisionTransformer(config)
+    if start is not None:
+        model.load_state_dict(fine_tune_weights(start, config))
+    return model.to(device)
+
+
+def write_views_and_card(trainer: Trainer) -> None:
+    """What a finished run leaves besides the loop's files: the views of what its best model
+    learned (measured on the validation split), a few validation images as the app's examples
+    (vit_hub.data.samples) and the model card that shows them all."""
+    validation = trainer.loaders.eval_sets.get("val")
+    calibrate(trainer)
+    views_after_training(trainer.best_model, trainer.out.folder, validation)
+    if validation is not None:  # the images as they were read, before preprocessing
+        write_samples(validation.dataset, trainer.plan.config.labels, trainer.out.folder)
+    write_model_card(trainer.out.folder)
+
+
 def calibrate(trainer: Trainer) -> float:
     """The temperature of the best model's probabilities, fitted on this process's validation
     images (1.0 without any), written into its config.json and set on its config."""
@@ -76,15 +175,3 @@ def calibrate(trainer: Trainer) -> float:
     write_text_atomically(path, json.dumps(values, indent=2, sort_keys=True))  # as save_pretrained writes it
     trainer.best_model.config.temperature = temperature
     return temperature
-
-
-def write_views_and_card(trainer: Trainer) -> None:
-    """What a finished run leaves besides the loop's files: the views of what its best model
-    learned (measured on the validation split), a few validation images as the app's examples
-    (vit_hub.data.samples) and the model card that shows them all."""
-    validation = trainer.loaders.eval_sets.get("val")
-    calibrate(trainer)
-    views_after_training(trainer.best_model, trainer.out.folder, validation)
-    if validation is not None:  # the images as they were read, before preprocessing
-        write_samples(validation.dataset, trainer.plan.config.labels, trainer.out.folder)
-    write_model_card(trainer.out.folder)

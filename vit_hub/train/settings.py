@@ -12,15 +12,15 @@ import os
 import re
 import shlex
 import sys
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from vit_hub.data.choices import AUGMENTATIONS
-from vit_hub.model.config import PRESETS, ViTConfig, preset_fields
-from vit_hub.model.fields import one_of
 from vit_hub.errors import UserError
 from vit_hub.layout import ModelDir
+from vit_hub.model.config import PRESETS, ViTConfig, preset_fields
+from vit_hub.model.fields import one_of
 
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 # The training settings `vit-hub sweep --param` may vary, beside MODEL_FIELDS.

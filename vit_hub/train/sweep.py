@@ -12,11 +12,10 @@ from matplotlib.figure import Figure
 
 from vit_hub.errors import UserError
 from vit_hub.layout import ModelDir
-from vit_hub.train.settings import (MODEL_FIELDS, TRAINING_FIELDS, TrainSettings, check_out_is_a_folder, check_out_is_free,
-                       check_out_outside_data)
 from vit_hub.storage import count_parameters
 from vit_hub.train.run import train
-
+from vit_hub.train.settings import (MODEL_FIELDS, TRAINING_FIELDS, TrainSettings, check_out_is_a_folder,
+                                    check_out_is_free, check_out_outside_data)
 
 
 def _number(text: str) -> Any:
