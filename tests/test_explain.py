@@ -1,4 +1,4 @@
-"""Explanation methods (vit_hub.explain.attribution, vit_hub.explain.attribution, vit_hub.explain.gradients): every method's maps, what the
+"""Explanation methods (vit_hub/explain/: attribution, run, gradients): every method's maps, what the
 registry says each needs, the gradient ones against their definitions, occlusion against a loop."""
 
 from __future__ import annotations

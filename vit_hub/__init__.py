@@ -1,8 +1,11 @@
 """vit_hub: a Vision Transformer from scratch, trained on any image folder, shipped to the
 Hugging Face Hub, ONNX Runtime and a Gradio app with attention-rollout overlays.
 
-Importing the package is light: `vit_hub.model.config` and `vit_hub.processing.preprocess` need no torch
-(the ONNX runtime uses them), and the torch-based names below load on first use.
+Importing the package is light: `vit_hub.model.config` and `vit_hub.processing.preprocess`
+need no torch (the ONNX runtime uses them), and the torch-based names below load on first use.
+`vit_hub.VisionTransformer` is the savable model (`vit_hub.hub.pretrained.HubVisionTransformer`,
+the pure `nn` `vit_hub.model.vit.VisionTransformer` with the Hub's save and load).
+docs/architecture.md shows where everything lives.
 """
 
 import importlib.util

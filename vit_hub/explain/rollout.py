@@ -17,10 +17,11 @@ Unlike the popular `vit-explain` code, this handles every batch item, non-square
 never discards the class token's entries and renormalises rows with `keepdims`.
 
 The registry of explanation methods, and occlusion (logits only), are in
-`vit_hub.explain.attribution`; the maps that need gradients (integrated gradients, gradient rollout)
-in the torch-side `vit_hub.explain.attribution`. A choice a caller makes (head fusion, discard ratio,
-pooling, grid, colormap, alpha) outside what is offered raises `UserError`; attentions of the
-wrong shape are a bug in the caller and raise ValueError.
+`vit_hub.explain.attribution`; the maps that need gradients (integrated gradients, gradient
+rollout) in `vit_hub.explain.gradients`, run on the torch model by `vit_hub.explain.run`. A
+choice a caller makes (head fusion, discard ratio, pooling, grid, colormap, alpha) outside what
+is offered raises `UserError`; attentions of the wrong shape are a bug in the caller and raise
+ValueError.
 """
 
 from __future__ import annotations
