@@ -9,7 +9,7 @@ augmentation (random-resized crop of 50-100 % of the area, horizontal flip, colo
 0.3/0.3/0.3/0.1, RandAugment 2 ops at magnitude 9, random erasing with p 0.25), batches as the
 training step receives them (normalised float32 [B, 3, 224, 224] on the device, here the CPU):
 
-  * before: vit_hub/data/sources.py as of commit 3875729 (read with `git show` into a temporary
+  * before: vit_hub/data.py as of commit 3875729 (read with `git show` into a temporary
     module): every worker decodes, augments with torchvision's transforms on PIL images,
     normalises in NumPy and sends float32 tensors.
   * now: vit_hub.data.augmentation and vit_hub.data.batches: uint8 tensors from the workers, colour jitter as one affine colour map,
@@ -50,10 +50,7 @@ from PIL import Image, ImageDraw
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from vit_hub.data import (
-    augmentation,  # noqa: E402
-    batches,
-)
+from vit_hub.data import augmentation, batches  # noqa: E402
 from vit_hub.data import sources as vdata  # noqa: E402
 from vit_hub.model.config import ViTConfig  # noqa: E402
 
@@ -63,19 +60,22 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def old_data_module():
-    """vit_hub/data/sources.py as of BEFORE, run as the module vit_hub._data_before (its relative imports
-    resolve against today's package: config, colour and preprocess)."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE}:vit_hub/data/sources.py"], capture_output=True,
+    """vit_hub/data.py as of BEFORE, run as the module vit_hub._data_before (its relative imports
+    pointed at today's modules: config, colour and preprocess)."""
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE}:vit_hub/data.py"], capture_output=True,
                             text=True, check=True).stdout
+    for old, new in (("from .colour ", "from vit_hub.data.colour "), ("from .config ", "from vit_hub.model.config "),
+                     ("from .preprocess ", "from vit_hub.processing.preprocess ")):
+        source = source.replace(old, new)
     # today's normalize takes channels-first pixels ([..., C, H, W]); the old loader gave it HxWxC
-    source = source.replace("from .preprocess import normalize,", "from .preprocess import channels_first, normalize,")
+    source = source.replace("preprocess import normalize,", "preprocess import channels_first, normalize,")
     source = source.replace("normalize(np.asarray(image), self.config)",
                             "normalize(channels_first(np.asarray(image)), self.config)")
     module = types.ModuleType("vit_hub._data_before")
     module.__package__ = "vit_hub"
-    module.__file__ = vdata.__file__  # BUNDLED_MNIST: the package folder
+    module.__file__ = str(REPO / "vit_hub" / "data.py")  # BUNDLED_MNIST: the package folder's bundled/
     sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"{BEFORE}:vit_hub/data/sources.py", "exec"), module.__dict__)
+    exec(compile(source, f"{BEFORE}:vit_hub/data.py", "exec"), module.__dict__)
     return module
 
 

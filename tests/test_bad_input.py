@@ -43,11 +43,7 @@ from vit_hub import cli  # noqa: E402
 from vit_hub.demo import uploads  # noqa: E402
 from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx  # noqa: E402
 from vit_hub.export.__main__ import main as export_main  # noqa: E402
-from vit_hub.hub.pretrained import (
-    HubVisionTransformer,  # noqa: E402
-    load_model,  # noqa: E402
-    predict_images,  # noqa: E402
-)
+from vit_hub.hub.pretrained import HubVisionTransformer, load_model, predict_images  # noqa: E402
 from vit_hub.layout import ModelDir  # noqa: E402
 from vit_hub.processing.preprocess import open_image, pixel_limit  # noqa: E402
 from vit_hub.train.loop import Trainer  # noqa: E402
