@@ -155,6 +155,7 @@ import os, sys
 import torch.distributed as dist
 from vit_hub.data import sources as vdata
 from vit_hub.train.settings import TrainSettings
+from vit_hub.train.distributed import start_runtime
 from vit_hub.train.run import build_trainer
 
 listed = vdata.index_image_folder
@@ -164,7 +165,7 @@ def index_image_folder(root):
 vdata.index_image_folder = index_image_folder
 model = dict(embed_dim=16, depth=1, num_heads=2, image_size=16, patch_size=4)
 trainer = build_trainer(TrainSettings(data=sys.argv[1], out=sys.argv[2], device="cpu", num_workers=0, batch_size=8,
-                                epochs=1, model=model, seed=3))
+                                epochs=1, model=model, seed=3), start_runtime("cpu"))
 print(f"rank {os.environ['RANK']}: {len(trainer.data.splits.train)} training images, mean {trainer.plan.config.mean}", flush=True)
 dist.destroy_process_group()
 """

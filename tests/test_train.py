@@ -20,6 +20,7 @@ from vit_hub import cli
 from vit_hub.data import batches
 from vit_hub.data import sources as vdata
 from vit_hub.data.sources import config_for_data
+from vit_hub.errors import DataError
 from vit_hub.hub.pretrained import HubVisionTransformer
 from vit_hub.layout import INSPECT_FIGURES, ModelDir
 from vit_hub.model.config import DIGIT_LABELS, PRESETS, ViTConfig
@@ -29,7 +30,7 @@ from vit_hub.model.vit import ViTOutput
 from vit_hub.processing.preprocess import preprocess
 from vit_hub.train import checkpoint
 from vit_hub.train.checkpoint import load_checkpoint, read_checkpoint_state, save_checkpoint
-from vit_hub.train.distributed import stop_runtime
+from vit_hub.train.distributed import running
 from vit_hub.train.evaluation import evaluate, shift_warning
 from vit_hub.train.loop import Trainer
 from vit_hub.train.run import build_trainer, train
@@ -117,11 +118,8 @@ def test_the_loop_writes_what_training_produces_and_the_run_adds_the_card_and_vi
                                                                                      tmp_path):
     """The loop alone (build_trainer + Trainer.run) leaves weights, config, metrics, plots and
     checkpoint, in save_pretrained's format; the card and the inspect views are the run level's."""
-    trainer = build_trainer(tiny_settings(split_image_folder, tmp_path / "loop", epochs=1))
-    try:
-        quietly(trainer.run)
-    finally:
-        stop_runtime(trainer.runtime)
+    with running("cpu") as runtime:
+        quietly(build_trainer(tiny_settings(split_image_folder, tmp_path / "loop", epochs=1), runtime).run)
     loop = ModelDir(tmp_path / "loop")
     assert sorted(path.name for path in loop.folder.iterdir()) == sorted(
         [ModelDir.config, ModelDir.weights, ModelDir.metrics, ModelDir.curves, ModelDir.confusion_matrix, CHECKPOINT])
@@ -138,9 +136,26 @@ def test_the_loop_writes_what_training_produces_and_the_run_adds_the_card_and_vi
 
 
 def test_the_loop_is_given_the_pretrained_weights_init_names(split_image_folder, tmp_path):
-    with pytest.raises(ValueError, match="--init some/vit as `start`"):
-        build_trainer(tiny_settings(split_image_folder, tmp_path / "out", init="some/vit"))
+    with running("cpu") as runtime, pytest.raises(ValueError, match="--init some/vit as `start`"):
+        build_trainer(tiny_settings(split_image_folder, tmp_path / "out", init="some/vit"), runtime)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_process_group_is_left_when_the_set_up_fails(split_image_folder, tmp_path, monkeypatch):
+    """A set-up that fails after the runtime started (here: the data) still leaves the process
+    group: under torchrun the other processes would otherwise wait on it."""
+    from vit_hub.train import distributed, run
+
+    left = []
+    monkeypatch.setattr(distributed, "stop_runtime", left.append)
+
+    def failing_set_up(*args, **kwargs):
+        raise DataError("the data could not be read")
+
+    monkeypatch.setattr(run, "build_trainer", failing_set_up)
+    with pytest.raises(DataError, match="could not be read"):
+        train(tiny_settings(split_image_folder, tmp_path / "out"))
+    assert len(left) == 1 and left[0].device == torch.device("cpu")
 
 
 def test_metrics_and_card_say_where_the_run_happened(learned_run):
@@ -394,9 +409,9 @@ def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
     (dict(device="tpu"), "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
     (dict(num_workers=-1), "--workers: expected a count from 0 to 64, got -1"),
     (dict(batch_size=0), "--batch-size: expected a positive multiple of the 1 processes, got 0"),
-    (dict(preset="huge"), "unknown preset 'huge'; expected one of mnist, small-data, tiny, small, base$"),
+    (dict(preset="huge"), "--preset: expected one of mnist, small-data, tiny, small, base, got 'huge'$"),
     (dict(device="cuda:0"), "--device cuda: expected a CUDA GPU, found none"),
-    (dict(augment="mixup"), "--augment: expected one of auto, digits, photos, none"),
+    (dict(augment="mixup"), "--augment: expected one of auto, digits, photos, none, got 'mixup'$"),
     (dict(model={**TINY_MODEL, "num_heads": 3}), "embed_dim 16 is not divisible by num_heads 3"),
 ])
 def test_settings_that_cannot_train_fail_before_training(split_image_folder, tmp_path, overrides, message):
@@ -548,7 +563,8 @@ def test_the_same_seed_gives_the_same_model_with_or_without_loader_workers(image
 
 
 def test_evaluation_inputs_equal_preprocess_exactly(split_image_folder, tmp_path):
-    trainer = build_trainer(tiny_settings(split_image_folder, tmp_path / "out", num_workers=2))
+    with running("cpu") as runtime:
+        trainer = build_trainer(tiny_settings(split_image_folder, tmp_path / "out", num_workers=2), runtime)
     images = torch.cat([batch for batch, _ in trainer.loaders.eval_loader("test")])
     expected = [torch.from_numpy(preprocess(path, trainer.plan.config)) for path, _ in trainer.data.splits.test.samples]
     assert images.dtype == torch.float32 and torch.equal(images, torch.stack(expected))

@@ -212,13 +212,14 @@ def run_train(args: argparse.Namespace) -> None:
     from vit_hub.train.settings import TrainSettings
 
     if args.resume:  # the checkpoint's own settings are replayed; flags given again must match them
+        settings = TrainSettings(data="", out=args.out)
         flags = {name: value for name, value in _given_settings(args).items() if name != "out"}
-        train(TrainSettings(data="", out=args.out), resume=True, stop_after_epochs=args.stop_after_epochs,
-              resume_flags=flags)
     elif args.data is None:
         raise UserError("train: expected --data (an image folder, 'mnist' or a torchvision name), got none")
     else:
-        train(_settings(args), stop_after_epochs=args.stop_after_epochs, overwrite=args.overwrite)
+        settings, flags = _settings(args), None
+    train(settings, resume=args.resume, stop_after_epochs=args.stop_after_epochs, overwrite=args.overwrite,
+          resume_flags=flags)
 
 
 def run_eval(args: argparse.Namespace) -> None:

@@ -296,11 +296,11 @@ def config_for_data(splits: DataSplits, preset: str | None, overrides: dict[str,
     """The model for this data: the preset's fields, or ones chosen from the images (described by
     `stats`, or sampled here), then the explicit `overrides` (ViTConfig fields; None: not given);
     mean/std measured on the training images unless given; labels from the data."""
-    if preset:
-        values = preset_fields(preset)
-    else:
+    if not preset:
         stats = stats or describe_images(splits.train, seed)
         values = suggest_for_data(stats.num_train, stats.model_channels, stats.median_side)
+    else:
+        values = preset_fields(preset)
     values.update({key: value for key, value in overrides.items() if value is not None})
     values["labels"] = splits.labels
     chosen_stem = overrides.get("patch_embedding") is None

@@ -1,4 +1,5 @@
-"""Calibrated probabilities: a temperature T fitted on the validation split when training ends,
+"""Calibrated probabilities: a temperature T fitted on the validation split when training ends
+(on the logits of the kept model's last evaluation: `vit_hub.train.loop.Trainer._finish`),
 kept in config.json (`ViTConfig.temperature`), so that every path shows softmax(logits / T)
 (`postprocess.softmax`). Label smoothing trains a model never to be sure: on the bundled
 model the top class stayed at about 91 % even for a clean digit. Dividing the logits by one
@@ -8,10 +9,7 @@ number changes no ranking and no accuracy, only how sure the probabilities say t
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import torch
 from scipy.optimize import minimize_scalar
 
 from vit_hub.processing.postprocess import softmax
@@ -30,14 +28,3 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
 
     best = minimize_scalar(loss, bounds=LOG_T_RANGE, method="bounded", options={"xatol": 1e-5})
     return round(float(np.exp(best.x)), 4)
-
-
-@torch.inference_mode()
-def validation_logits(model: torch.nn.Module, loader: Any, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """([N, classes] logits, [N] labels) of every batch of `loader`."""
-    model.eval()
-    logits, labels = [], []
-    for images, targets in loader:
-        logits.append(model(images.to(device)).logits.float().cpu().numpy())
-        labels.append(targets.numpy())
-    return np.concatenate(logits), np.concatenate(labels)

@@ -159,10 +159,15 @@ def save_kept_model(model: VisionTransformer, out: ModelDir) -> None:
     """The model's weights and config into the model dir, each written beside its file and
     moved in (`replacing`), weights first: a kill leaves the previous model, or the new
     weights beside the config they share (every epoch of a run has one architecture).
-    The config is `ViTConfig.to_dict()` as sorted JSON, as the Hub mixin writes it."""
+    The config is `ViTConfig.to_dict()` as sorted JSON (`save_kept_config`)."""
     with replacing(out.weights) as partial:
         save_model(model, str(partial))
-    write_text_atomically(out.config, json.dumps(model.config.to_dict(), sort_keys=True, indent=2))
+    save_kept_config(model.config, out)
+
+
+def save_kept_config(config: ViTConfig, out: ModelDir) -> None:
+    """The kept model's config.json, replaced whole (as the Hub mixin writes it)."""
+    write_text_atomically(out.config, json.dumps(config.to_dict(), sort_keys=True, indent=2))
 
 
 def load_kept_model(config: ViTConfig, out: ModelDir, device: torch.device) -> VisionTransformer:
@@ -175,11 +180,12 @@ def load_kept_model(config: ViTConfig, out: ModelDir, device: torch.device) -> V
 
 
 # Resuming -----------------------------------------------------------------------------------
-def resumed_settings(state: dict[str, Any], flags: dict[str, Any]) -> TrainSettings:
-    """The checkpoint's settings, with those of the flags given again that say only how the
-    run is carried out (HOW_TO_RUN) applied."""
+def resumed_settings(state: dict[str, Any], flags: dict[str, Any], out: Path) -> TrainSettings:
+    """The checkpoint's settings for the run found in `out` (the folder it is in now, moved or
+    not), with those of the flags given again that say only how the run is carried out
+    (HOW_TO_RUN) applied."""
     how = {name: flags[name] for name in HOW_TO_RUN if name in flags}
-    return dataclasses.replace(TrainSettings(**state["settings"]), **how)
+    return dataclasses.replace(TrainSettings(**state["settings"]), out=str(out), **how)
 
 
 def check_resume_flags(flags: dict[str, Any], resolved: dict[str, Any], settings: TrainSettings,

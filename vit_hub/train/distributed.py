@@ -7,9 +7,10 @@ for one process or many.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -99,6 +100,17 @@ def stop_runtime(runtime: Runtime) -> None:
     """Leave the process group (a no-op in one process)."""
     if runtime.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def running(device: str) -> Iterator[Runtime]:
+    """`start_runtime(device)` for the length of a `with` block; the process group is left
+    however the block ends (a failed set-up included)."""
+    runtime = start_runtime(device)
+    try:
+        yield runtime
+    finally:
+        stop_runtime(runtime)
 
 
 def all_reduce(tensor: torch.Tensor, runtime: Runtime) -> torch.Tensor:

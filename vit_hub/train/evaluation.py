@@ -19,11 +19,14 @@ SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device, num_classes: int,
-             runtime: Runtime | None = None, progress: bool = False) -> dict[str, Any]:
-    """Loss, accuracy and confusion matrix over a loader (summed over all processes)."""
+             runtime: Runtime | None = None, progress: bool = False, keep_logits: bool = False) -> dict[str, Any]:
+    """Loss, accuracy and confusion matrix over a loader (summed over all processes). With
+    `keep_logits`, also this process's own "logits" [N, classes] and "labels" [N] as numpy
+    arrays (what a temperature is fitted on: `vit_hub.train.calibration`)."""
     model.eval()
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    kept_logits, kept_labels = [torch.zeros(0, num_classes)], [torch.zeros(0, dtype=torch.int64)]
     for images, labels in tqdm(loader, desc="eval", leave=False, disable=not progress):
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         logits = model(images).logits.float()
@@ -31,15 +34,20 @@ def evaluate(model: nn.Module, loader, device: torch.device, num_classes: int,
         confusion += torch.bincount(labels * num_classes + logits.argmax(1), minlength=num_classes**2).view(
             num_classes, num_classes
         )
+        if keep_logits:
+            kept_logits.append(logits.cpu()), kept_labels.append(labels.cpu())
     if runtime is not None:
         all_reduce(confusion, runtime), all_reduce(loss_sum, runtime)
     count = int(confusion.sum())
-    return {
+    result = {
         "accuracy": float(confusion.diagonal().sum()) / max(1, count),
         "loss": float(loss_sum) / max(1, count),
         "n": count,
         "confusion": confusion.cpu().tolist(),  # rows: true class, columns: predicted
     }
+    if keep_logits:
+        result.update(logits=torch.cat(kept_logits).numpy(), labels=torch.cat(kept_labels).numpy())
+    return result
 
 
 def shift_warning(evaluation: dict[str, dict[str, Any]]) -> str | None:

@@ -6,11 +6,12 @@ weights, metrics and plots of a model dir.
       -> after every epoch: validation, metrics.json, a resumable checkpoint, and the
          model dir's weights and config refreshed with the epoch it keeps: the best on
          validation, or the last when validation is too small to choose by (`Selection`)
-      -> at the end: the kept weights evaluated on the test split, curves, confusion matrix
+      -> at the end: the kept weights evaluated on validation and test, the temperature of
+         their probabilities fitted on validation, curves, confusion matrix
 
-`vit_hub.train.run.build_trainer()` does the set-up (reads the checkpoint, joins the process
-group, lists the data, chooses the config, builds the model, optimizer and loaders) and hands
-the parts to a `Trainer`, which runs the epochs. The parts live in their own modules: settings,
+`vit_hub.train.run` does the set-up (`train()` reads the checkpoint and joins the process
+group; `build_trainer()` lists the data, chooses the config, builds the model, optimizer and
+loaders) and hands the parts to a `Trainer`, which runs the epochs. The parts live in their own modules: settings,
 schedule, step, loaders, checkpoint, distributed, evaluation, report.
 
 Nothing here reads the Hub or writes the model card: `vit_hub.train.run.train()`, what
@@ -43,7 +44,8 @@ from vit_hub.model.flops import flop_rates, run_peak_flops
 from vit_hub.model.vit import VisionTransformer
 from vit_hub.storage import write_text_atomically
 from vit_hub.train import report as run_report
-from vit_hub.train.checkpoint import Progress, load_kept_model, save_checkpoint, save_kept_model
+from vit_hub.train.calibration import fit_temperature
+from vit_hub.train.checkpoint import Progress, load_kept_model, save_checkpoint, save_kept_config, save_kept_model
 from vit_hub.train.distributed import Runtime, all_reduce, barrier
 from vit_hub.train.evaluation import evaluate, final_evaluation
 from vit_hub.train.loaders import RunLoaders, UnreadableReport
@@ -81,7 +83,7 @@ class Trainer:
     """A run, set up (by `build_trainer`) and ready to train: `run()` trains its epochs."""
 
     settings: TrainSettings
-    out: ModelDir  # where the run writes: settings.out, or the folder a resumed run was found in
+    out: ModelDir  # where the run writes: settings.out (for a resumed run, the folder it was found in)
     runtime: Runtime
     data: RunData
     plan: RunPlan
@@ -245,16 +247,28 @@ class Trainer:
 
     def _finish(self) -> dict[str, Any]:
         """Kept weights back in, evaluated on validation and test side by side (a test split
-        far below validation is reported); metrics and plots written, `best_model` set."""
+        far below validation is reported); the temperature of their probabilities fitted;
+        metrics and plots written, `best_model` set."""
         barrier(self.runtime)  # rank 0 has written the kept weights; everyone loads them
         best = self.best_model = load_kept_model(self.plan.config, self.out, self.runtime.device)
         results = {name: evaluate(best, self.loaders.eval_loader(name), self.runtime.device,
-                                  self.plan.config.num_classes, self.runtime)
+                                  self.plan.config.num_classes, self.runtime, keep_logits=name == "val")
                    for name in ("val", "test") if name in self.loaders.eval_sets}
         self.data.unreadable.report(gather=True)
         final = final_evaluation(results)
         if self.runtime.is_main:
+            self._calibrate(results.get("val"))
             self._write_metrics(final)
             run_report.write_figures(self.out, self.progress.history, results, self.plan.config.labels)
             run_report.print_summary(self.out.folder, final, self.progress, self.data.unreadable.summary())
         return {**self._metrics(), **final}
+
+    def _calibrate(self, validation: dict[str, Any] | None) -> None:
+        """The temperature of the kept model's probabilities, fitted on the logits of this
+        process's validation images from the evaluation just run (1.0 without any), set on its
+        config and written into its config.json."""
+        temperature = 1.0
+        if validation is not None and len(validation["labels"]):
+            temperature = fit_temperature(validation["logits"], validation["labels"])
+        self.best_model.config.temperature = temperature
+        save_kept_config(self.best_model.config, self.out)

@@ -1,20 +1,19 @@
 """A whole training run, what `vit-hub train` and `vit-hub sweep` run: from `--data` to a
 model dir ready for the Hub. Read it top to bottom:
 
-    train()            --out checked and locked; `--init` resolved to pretrained weights
-      build_trainer()  the checkpoint (with --resume), the device and processes, the data listed
-                       and split, the model chosen for it, the schedule, the model and optimizer,
-                       the loaders and the optimizer step
+    train()            --out checked and locked; the checkpoint's settings (with --resume);
+                       the settings checked; `--init` read; the device and processes joined
+      build_trainer()  the data listed and split, the model chosen for it, the schedule, the
+                       model and optimizer, the loaders and the optimizer step
       Trainer.run()    the epochs (`vit_hub.train.loop`): weights, config, metrics, plots, checkpoint
-      write_views_and_card()  when every epoch has run: the temperature of the probabilities,
-                       the views of what the model learned, example images and the model card
+      write_views_and_card()  when every epoch has run: the views of what the model learned,
+                       example images and the model card
 
 The loop never reads the Hub nor writes a card; this module sits above both and joins them.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,11 @@ from vit_hub.hub.import_model import load_init
 from vit_hub.insight.inspect import views_after_training
 from vit_hub.layout import ModelDir
 from vit_hub.model.config import ViTConfig
-from vit_hub.model.fields import read_json
 from vit_hub.model.flops import training_flops
 from vit_hub.model.vit import VisionTransformer
-from vit_hub.storage import write_text_atomically
-from vit_hub.train.calibration import fit_temperature, validation_logits
 from vit_hub.train.checkpoint import (Progress, Selection, check_resume_flags, load_checkpoint, read_checkpoint_state,
                                       resumed_settings)
-from vit_hub.train.distributed import Runtime, from_main, start_runtime, stop_runtime
+from vit_hub.train.distributed import Runtime, from_main, running
 from vit_hub.train.loaders import UnreadableReport, build_loaders
 from vit_hub.train.loop import RunData, RunPlan, Trainer
 from vit_hub.train.schedule import plan_schedule
@@ -55,49 +51,38 @@ def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int 
     are not read). `resume_flags` are the settings given again with it (TrainSettings field
     names, `model` holding ViTConfig fields): those in HOW_TO_RUN apply to the rest of the
     run; any other that differs from the run's own refuses the resume, naming each."""
-    check_out_is_a_folder(Path(settings.out))
-    with holding_out(Path(settings.out)):  # before --out is checked: a second run into it is refused
-        if not resume and not overwrite:
-            check_out_is_free(Path(settings.out))
-        start = None if resume else pretrained_start(settings)
-        trainer = build_trainer(settings, resume=resume, resume_flags=resume_flags, start=start)
-        try:
+    out = Path(settings.out)
+    check_out_is_a_folder(out)
+    with holding_out(out):  # before --out is checked: a second run into it is refused
+        state = read_checkpoint_state(out) if resume else None
+        if state is not None:
+            settings = resumed_settings(state, resume_flags or {}, out)
+        elif not overwrite:
+            check_out_is_free(out)
+        check_settings(settings)  # a flag that cannot work is refused before any download
+        check_out_outside_data(out, settings.data)
+        start = load_init(settings.init) if settings.init and state is None else None
+        with running(settings.device) as runtime:
+            trainer = build_trainer(settings, runtime, state=state, start=start, resume_flags=resume_flags)
             metrics = trainer.run(stop_after_epochs)
-            if trainer.best_model is not None and trainer.runtime.is_main:
+            if trainer.best_model is not None and runtime.is_main:
                 write_views_and_card(trainer)
             return metrics
-        finally:
-            stop_runtime(trainer.runtime)
 
 
-def pretrained_start(settings: TrainSettings) -> PretrainedStart | None:
-    """The weights `--init` names (None without it), read once, when a new run starts. The
-    settings are checked first: a flag that cannot work is refused before any download."""
-    if not settings.init:
-        return None
-    check_settings(settings)
-    return load_init(settings.init)
+def build_trainer(settings: TrainSettings, runtime: Runtime, state: dict[str, Any] | None = None,
+                  start: PretrainedStart | None = None, resume_flags: dict[str, Any] | None = None) -> Trainer:
+    """Everything a run needs, in order, for checked settings (`train` checks them): the data
+    (listed once, on rank 0), the config, the schedule, the model and optimizer (the
+    checkpoint's tensors put back), the loaders and the step.
 
-
-def build_trainer(settings: TrainSettings, resume: bool = False, resume_flags: dict[str, Any] | None = None,
-                  start: PretrainedStart | None = None) -> Trainer:
-    """Everything a run needs, in order: the settings (the checkpoint's, with `resume`),
-    the process group, the data (listed once, on rank 0), the config, the schedule, the model
-    and optimizer (the checkpoint's tensors put back), the loaders and the step.
-
-    `start`: the pretrained weights `settings.init` names, for a new run (the caller reads
-    them: `vit_hub.hub.import_model.load_init`); a resumed run has its weights in its checkpoint."""
-    resume_flags = resume_flags or {}
-    out = Path(settings.out)
-    state = read_checkpoint_state(out) if resume else None
-    if state is not None:
-        settings, start = resumed_settings(state, resume_flags), None
-    elif bool(settings.init) != (start is not None):
+    `state`: the checkpoint's (`read_checkpoint_state`) when resuming, its settings already
+    applied; `resume_flags` are then checked against the run's own. `start`: the pretrained
+    weights `settings.init` names, for a new run (`vit_hub.hub.import_model.load_init`)."""
+    if state is None and bool(settings.init) != (start is not None):
         raise ValueError(f"build_trainer: expected the pretrained weights of --init {settings.init} as `start` "
                          f"exactly when it is given, got start={'given' if start else None}")
-    check_settings(settings)
-    check_out_outside_data(out, settings.data)
-    runtime = start_runtime(settings.device)
+    out = ModelDir(settings.out)
     # Files are checked as they are read, so start-up does not grow with the size of the data.
     index = from_main(runtime, lambda: vdata.index_source(settings.data))
     splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split, settings.seed,
@@ -107,20 +92,20 @@ def build_trainer(settings: TrainSettings, resume: bool = False, resume_flags: d
     if state is not None:
         resolved = {"epochs": schedule.epochs, "batch_size": schedule.batch_size, "lr": schedule.peak_lr,
                     "warmup_epochs": schedule.warmup_epochs}
-        check_resume_flags(resume_flags, resolved, settings, config, out)
+        check_resume_flags(resume_flags or {}, resolved, settings, config, out.folder)
     model = _build_model(config, settings.seed, start, runtime.device)
     optimizer = make_optimizer(model, settings.weight_decay, schedule.peak_lr)
     selection = Selection.for_validation(len(splits.val) if splits.val is not None else None)
     progress = Progress(selection=selection)
     if state is not None:
-        progress = Progress.from_state(load_checkpoint(ModelDir(out).checkpoint, model, optimizer), selection)
+        progress = Progress.from_state(load_checkpoint(out.checkpoint, model, optimizer), selection)
     flops = training_flops(model)
     loaders = build_loaders(settings, runtime, config, splits, schedule)
     step = build_step(model, optimizer, runtime, settings.compile, schedule.total_steps,
                       settings.label_smoothing, settings.grad_clip)
     data = RunData(splits=splits, unreadable=UnreadableReport(splits, runtime), stats=data_stats)
     plan = RunPlan(config=config, schedule=schedule, start=start)
-    return Trainer(settings=settings, out=ModelDir(out), runtime=runtime, data=data, plan=plan, model=model,
+    return Trainer(settings=settings, out=out, runtime=runtime, data=data, plan=plan, model=model,
                    step=step, loaders=loaders, progress=progress, flops_per_image=flops)
 
 
@@ -155,23 +140,7 @@ def write_views_and_card(trainer: Trainer) -> None:
     learned (measured on the validation split), a few validation images as the app's examples
     (vit_hub.data.samples) and the model card that shows them all."""
     validation = trainer.loaders.eval_sets.get("val")
-    calibrate(trainer)
     views_after_training(trainer.best_model, trainer.out.folder, validation)
     if validation is not None:  # the images as they were read, before preprocessing
         write_samples(validation.dataset, trainer.plan.config.labels, trainer.out.folder)
     write_model_card(trainer.out.folder)
-
-
-def calibrate(trainer: Trainer) -> float:
-    """The temperature of the best model's probabilities, fitted on this process's validation
-    images (1.0 without any), written into its config.json and set on its config."""
-    temperature = 1.0
-    if "val" in trainer.loaders.eval_sets:
-        logits, labels = validation_logits(trainer.best_model, trainer.loaders.eval_loader("val"),
-                                           trainer.runtime.device)
-        temperature = fit_temperature(logits, labels)
-    path = trainer.out.config
-    values = {**read_json(path), "temperature": temperature}
-    write_text_atomically(path, json.dumps(values, indent=2, sort_keys=True))  # as save_pretrained writes it
-    trainer.best_model.config.temperature = temperature
-    return temperature

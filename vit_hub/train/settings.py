@@ -19,7 +19,7 @@ from typing import Any
 from vit_hub.data.choices import AUGMENTATIONS
 from vit_hub.errors import UserError
 from vit_hub.layout import ModelDir
-from vit_hub.model.config import PRESETS, ViTConfig, preset_fields
+from vit_hub.model.config import PRESETS, ViTConfig
 from vit_hub.model.fields import one_of
 
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
@@ -98,8 +98,8 @@ class TrainSettings:
 
 
 def check_settings(settings: TrainSettings) -> None:
-    """Numbers that cannot train, and a preset that does not exist, fail before any data is
-    read, naming the flag."""
+    """Numbers that cannot train, and a preset or augmentation that does not exist, fail before
+    any data is read, naming the flag."""
     # Comparisons with inf as the upper bound refuse inf and NaN too: both train to NaN.
     checks = [
         ("--epochs", settings.epochs, settings.epochs is None or settings.epochs >= 1, "a positive int"),
@@ -117,8 +117,10 @@ def check_settings(settings: TrainSettings) -> None:
     for flag, value, ok, expected in checks:
         if not ok:
             raise TrainingError(f"{flag}: expected {expected}, got {value}")
-    if settings.preset is not None:
-        preset_fields(settings.preset)  # the config module's one check of a preset's name
+    for field in dataclasses.fields(settings):  # those declared `one_of` some choices: --preset, --augment
+        choices, value = field.metadata.get("choices"), getattr(settings, field.name)
+        if choices is not None and value is not None and value not in choices:
+            raise TrainingError(f"{setting_flag(field.name)}: expected one of {', '.join(choices)}, got {value!r}")
     if settings.init and settings.preset:
         raise TrainingError(f"--init {settings.init}: the architecture is the pretrained model's; "
                             f"expected no --preset, got {settings.preset}")
