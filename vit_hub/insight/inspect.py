@@ -107,7 +107,8 @@ def write_views(views: ModelViews, out: str | Path) -> list[Path]:
     for name, figure in draw_views(views).items():
         written.append(files.folder / FIGURE_FILES[name])
         save_figure(figure, written[-1])
-    write_text_atomically(files.inspect_report, json.dumps(views.report(), indent=1) + "\n")
+    report = json.dumps(views.report(), indent=1) + "\n"
+    write_text_atomically(files.inspect_report, report)
     return [files.inspect_report, *written]
 
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from vit_hub.errors import UserError
-from vit_hub.explain.rollout import as_numpy, scale_maps
+from vit_hub.explain.rollout import scale_maps
 from vit_hub.layout import ModelDir
 from vit_hub.model.config import ViTConfig
 from vit_hub.model.positions import sincos_positions
@@ -171,9 +171,9 @@ def pooled_token(config: ViTConfig) -> str:
     return "class token" if config.pooling == "cls" else "mean of the patch tokens (the model has no class-token head)"
 
 
-def _patch_keys(attentions: Any, config: ViTConfig) -> np.ndarray:
+def _patch_keys(attentions: np.ndarray, config: ViTConfig) -> np.ndarray:
     """[..., T, T] -> [..., T, N]: each query's weights over the patch keys, summing to 1."""
-    attentions = as_numpy(attentions).astype(np.float64)
+    attentions = np.asarray(attentions, dtype=np.float64)
     tokens = config.num_tokens
     if attentions.ndim < 3 or attentions.shape[-2:] != (tokens, tokens):
         raise ValueError(f"expected attentions [..., {tokens}, {tokens}] (class token + {config.num_patches} "
@@ -187,7 +187,7 @@ def _pooled_row(keys: np.ndarray, pooling: str) -> np.ndarray:
     return keys[..., 0, :] if pooling == "cls" else keys[..., 1:, :].mean(axis=-2)
 
 
-def attention_distance(attentions: Any, config: ViTConfig) -> tuple[np.ndarray, np.ndarray]:
+def attention_distance(attentions: np.ndarray, config: ViTConfig) -> tuple[np.ndarray, np.ndarray]:
     """Attention distances in pixels of [depth, B, heads, T, T] attentions -> two [depth, B, heads]:
 
     - patch queries: sum over keys of weight x distance(query, key), averaged over the queries;
@@ -201,7 +201,7 @@ def attention_distance(attentions: Any, config: ViTConfig) -> tuple[np.ndarray, 
     return per_query.mean(axis=-1), spread
 
 
-def mean_attention_distance(attend: Callable[[np.ndarray], Any], pixels: np.ndarray,
+def mean_attention_distance(attend: Callable[[np.ndarray], np.ndarray], pixels: np.ndarray,
                             config: ViTConfig) -> tuple[np.ndarray, np.ndarray]:
     """`attention_distance` averaged over images -> (patch queries [depth, heads], pooled [depth, heads]).
 
@@ -217,7 +217,7 @@ def mean_attention_distance(attend: Callable[[np.ndarray], Any], pixels: np.ndar
 
 
 # 4. Per-head attention maps ---------------------------------------------------------------
-def head_maps(attentions: Any, config: ViTConfig) -> np.ndarray:
+def head_maps(attentions: np.ndarray, config: ViTConfig) -> np.ndarray:
     """[depth, B, heads, T, T] -> [depth, B, heads, grid_h, grid_w]: each head's attention from
     the pooled token (the class token, or the mean of the patch tokens' rows) over the patches,
     every map scaled to [0, 1]."""
@@ -267,7 +267,7 @@ class ModelViews:
 
 
 def compute_views(config: ViTConfig, weights: dict[str, np.ndarray] | None,
-                  attend: Callable[[np.ndarray], Any] | None = None, pixels: np.ndarray | None = None,
+                  attend: Callable[[np.ndarray], np.ndarray] | None = None, pixels: np.ndarray | None = None,
                   data_note: str = "") -> ModelViews:
     """Views 1-3. weights: None when only an ONNX graph is at hand (filters and learned positions
     then say so). attend and pixels: how to get attentions and of which images (None: no data)."""
