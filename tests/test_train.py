@@ -380,13 +380,14 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes_to_the_same_result(split_image_
 
 def test_a_run_copied_to_another_folder_resumes_there(split_image_folder, tmp_path):
     """The checkpoint's settings name the folder the run started in; a resume writes to the
-    folder it was given, and leaves the original alone."""
+    folder it was given (and names it in the settings it saves), and leaves the original alone."""
     first, moved = tmp_path / "first", tmp_path / "moved"
     quietly(train, tiny_settings(split_image_folder, first, epochs=2), stop_after_epochs=1)
     shutil.copytree(first, moved)
     before = {path.name: path.read_bytes() for path in first.iterdir()}
     quietly(train, TrainSettings(data="", out=str(moved)), resume=True)
     assert read_checkpoint_state(moved)["epoch"] == 2 and "final" in read_json(moved / "metrics.json")
+    assert read_checkpoint_state(moved)["settings"]["out"] == str(moved)
     assert {path.name: path.read_bytes() for path in first.iterdir()} == before
 
 

@@ -5,7 +5,8 @@ model dir ready for the Hub. Read it top to bottom:
                        the settings checked; `--init` read; the device and processes joined
       build_trainer()  the data listed and split, the model chosen for it, the schedule, the
                        model and optimizer, the loaders and the optimizer step
-      Trainer.run()    the epochs (`vit_hub.train.loop`): weights, config, metrics, plots, checkpoint
+      Trainer.run()    the epochs (`vit_hub.train.loop`): weights, config (with the temperature of
+                       the probabilities), metrics, plots, checkpoint
       write_views_and_card()  when every epoch has run: the views of what the model learned,
                        example images and the model card
 
