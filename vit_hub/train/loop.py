@@ -11,8 +11,9 @@ weights, metrics and plots of a model dir.
 
 `vit_hub.train.run` does the set-up (`train()` reads the checkpoint and joins the process
 group; `build_trainer()` lists the data, chooses the config, builds the model, optimizer and
-loaders) and hands the parts to a `Trainer`, which runs the epochs. The parts live in their own modules: settings,
-schedule, step, loaders, checkpoint, distributed, evaluation, report.
+loaders) and hands the parts to a `Trainer`, which runs the epochs. The parts live in their own
+modules: settings, schedule, step, loaders, checkpoint, distributed, evaluation, calibration,
+report.
 
 Nothing here reads the Hub or writes the model card: `vit_hub.train.run.train()`, what
 `vit-hub train` runs, resolves `--init` to pretrained weights, runs this loop, then writes
