@@ -43,6 +43,7 @@ from vit_hub.storage import write_text_atomically
 
 from .evalset import EvalSet, check_labels, first_images, first_uploads, load_eval_set
 from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
+from .fused_graph import ort_fusions, ort_operators
 from .graph_check import WEIGHTS_SHA256, weights_sha256
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
@@ -231,10 +232,26 @@ def _write_verified_graphs(model: nn.Module, staged: ExportLayout, weights: str,
         tie_to_weights(path, weights)
         sections[path.name] = verify_graph(model, path, options.opset, inputs, with_attentions)
         if options.precision == "fp16":
-            half = convert_to_fp16(path, staged.in_precision(path, "fp16"))
+            half = _write_fp16(model, path, staged.in_precision(path, "fp16"), with_attentions, options)
             tie_to_weights(half, weights)
             sections[half.name] = verify_graph(model, half, options.opset, inputs, with_attentions, FP16_TOLERANCES)
+            sections[half.name]["onnxruntime_operators"] = ort_operators(half)
     return sections
+
+
+def _write_fp16(model: nn.Module, graph: Path, target: Path, with_attentions: bool, options: ExportOptions) -> Path:
+    """The float16 copy of `graph` at `target`. A logits graph from the torchscript exporter is
+    first written again in ONNX Runtime's fused form (fused_graph.py): the copy is for its
+    CUDA provider, which then runs each block's attention as one kernel."""
+    if with_attentions or options.exporter != "torchscript":
+        return convert_to_fp16(graph, target)
+    fused = target.with_name(f"{target.stem}.fused.tmp")
+    try:
+        write_graph(model, fused, output_attentions=False, opset=options.opset, exporter=options.exporter,
+                    fused_attention=True)
+        return convert_to_fp16(ort_fusions(fused, fused, model.config), target)
+    finally:
+        fused.unlink(missing_ok=True)
 
 
 def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTConfig, eval_set: EvalSet,

@@ -23,7 +23,8 @@ from torch import nn
 from vit_hub.errors import UserError
 from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
 
-from .graph_check import MAX_GRAPH_BYTES
+from .fused_graph import fused_copy
+from .graph_check import MAX_GRAPH_BYTES, ORT_DOMAIN
 
 EXPORTERS = ("torchscript", "dynamo")
 DEFAULT_EXPORTER = "torchscript"
@@ -65,12 +66,18 @@ def _check_size(model: nn.Module) -> None:
 
 
 def write_graph(model: nn.Module, path: Path, *, output_attentions: bool, opset: int = DEFAULT_OPSET,
-                exporter: str = DEFAULT_EXPORTER) -> Path:
-    """Export `model` (put in eval mode) to `path`; returns `path`."""
+                exporter: str = DEFAULT_EXPORTER, fused_attention: bool = False) -> Path:
+    """Export `model` (put in eval mode) to `path`; returns `path`. With `fused_attention`
+    (torchscript exporter, logits only) each block's attention is one ONNX Runtime
+    MultiHeadAttention node (fused_graph.py)."""
     check_export_options(exporter, opset)
     _check_size(model)
     model.eval()
     config = model.config
+    if fused_attention:
+        if exporter != "torchscript" or output_attentions:
+            raise ValueError("fused attention is written by the torchscript exporter, into logits-only graphs")
+        model = fused_copy(model)
     module = GraphOutputs(model, output_attentions=output_attentions).eval()
     outputs = [GRAPH_LOGITS, GRAPH_ATTENTIONS] if output_attentions else [GRAPH_LOGITS]
     # Batch 2, not 1: torch.export would specialise a batch of 1 into a constant.
@@ -78,14 +85,14 @@ def write_graph(model: nn.Module, path: Path, *, output_attentions: bool, opset:
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         if exporter == "torchscript":
-            _export_torchscript(module, example, path, outputs, opset)
+            _export_torchscript(module, example, path, outputs, opset, fused_attention)
         else:
             _export_dynamo(module, example, path, outputs, opset)
     return path
 
 
 def _export_torchscript(module: nn.Module, example: torch.Tensor, path: Path, outputs: list[str],
-                        opset: int) -> None:
+                        opset: int, fused_attention: bool) -> None:
     batch_axes = {GRAPH_INPUT: {0: "batch"}, GRAPH_LOGITS: {0: "batch"}, GRAPH_ATTENTIONS: {1: "batch"}}
     with warnings.catch_warnings():
         # The input checks in forward() compare shapes; in a fixed-size graph they are constants.
@@ -97,6 +104,7 @@ def _export_torchscript(module: nn.Module, example: torch.Tensor, path: Path, ou
             module, (example,), str(path), dynamo=False, opset_version=opset,
             input_names=[GRAPH_INPUT], output_names=outputs,
             dynamic_axes={name: batch_axes[name] for name in [GRAPH_INPUT, *outputs]},
+            custom_opsets={ORT_DOMAIN: 1} if fused_attention else None,
         )
 
 

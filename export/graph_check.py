@@ -8,9 +8,10 @@ with one OnnxModelError naming what it found, before any session exists:
 
   * size: at most what the config's weights take as float32 (`max_graph_bytes`, read from the
     file's size before a byte of it is read), initializers no larger than the file that holds them;
-  * form: one self-contained graph (no external data, sparse initializers, functions or
-    other operator domains) made of KNOWN_OPS, the operators the exporters, the float16
-    converter and int8 quantization emit;
+  * form: one self-contained graph (no external data, sparse initializers or functions) made
+    of KNOWN_OPS, the operators the exporters, the float16 converter and int8 quantization
+    emit, and the three ONNX Runtime operators the float16 logits graphs use (ORT_OPERATORS:
+    their shapes are worked out here, as onnx has no schema for them);
   * inputs and outputs: `pixel_values` [batch, C, H, W] of the config's channels and size,
     `logits` [batch, classes] and optionally `attentions` [depth, batch, heads, T, T];
   * memory: every value's shape, worked out node by node at batch 1, 2 and the largest batch
@@ -55,6 +56,7 @@ KNOWN_OPS = frozenset({
     "Shape", "Slice", "Softmax", "Split", "Squeeze", "Tanh", "Transpose", "Unsqueeze", "Where",
 })
 ONNX_DOMAINS = ("", "ai.onnx")
+ORT_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators (ORT_OPERATORS, below)
 # A value that grows faster than the batch shows at 2, and plainly at the largest batch the app
 # and CLI run (a ConstantOfShape of batch cubed passes at 2 within the slack, not at 256).
 CHECKED_BATCHES = (1, 2, OCCLUSION_CHUNK)
@@ -161,7 +163,7 @@ def _check_form(model: onnx.ModelProto, path: Path) -> None:
         raise _refuse(path, f"expected initializers the file holds, found {declared / 1e6:.1f} MB declared in a "
                             f"file of {path.stat().st_size / 1e6:.1f} MB")
     unknown = sorted({f"{node.domain}.{node.op_type}" if node.domain not in ONNX_DOMAINS else node.op_type
-                      for node in graph.node if node.domain not in ONNX_DOMAINS or node.op_type not in KNOWN_OPS})
+                      for node in graph.node if not _known(node)})
     if unknown:
         raise _refuse(path, f"expected only the operators python -m vit_hub.export writes, found {', '.join(unknown)}")
 
@@ -221,6 +223,12 @@ class _Shapes:
                 and math.prod(self.dims(name)) <= SHAPE_TENSOR_LIMIT)
 
 
+def _known(node: onnx.NodeProto) -> bool:
+    if node.domain in ONNX_DOMAINS:
+        return node.op_type in KNOWN_OPS
+    return node.domain == ORT_DOMAIN and node.op_type in ORT_OPERATORS
+
+
 def _check_allocations(model: onnx.ModelProto, path: Path, config: ViTConfig, batch: int) -> None:
     """Work out every value's shape at `batch` and refuse the graph at the first value, or the
     running total, beyond what the config allows."""
@@ -266,6 +274,9 @@ def _output_shapes(node: onnx.NodeProto, known: _Shapes, opset: int, path: Path,
     if missing:
         raise _refuse(path, f"expected nodes in order, each reading values made before it, found {shown} "
                             f"reading {missing[0]!r}, which nothing made before")
+    if node.domain not in ONNX_DOMAINS:
+        yield from _contrib_shapes(node, known, path, shown)
+        return
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
         inferred = onnx.shape_inference.infer_node_outputs(
@@ -283,6 +294,56 @@ def _output_shapes(node: onnx.NodeProto, known: _Shapes, opset: int, path: Path,
                                 f"output {name!r} has no fixed shape ({dims})")
         known.add(name, tensor.elem_type, dims)
         yield name, dims
+
+
+def _contrib_shapes(node: onnx.NodeProto, known: _Shapes, path: Path, shown: str):
+    """(name, dims) of the outputs of one of ONNX Runtime's operators in ORT_OPERATORS, each
+    output in the type of the node's first input; a node of any other form is refused."""
+    inputs = [known.dims(name) if name else None for name in node.input]
+    shapes = ORT_OPERATORS[node.op_type](inputs, node) if inputs and inputs[0] else None
+    outputs = list(node.output)
+    if shapes is None or len(outputs) > len(shapes) or any(name and shapes[i] is None for i, name in enumerate(outputs)):
+        raise _refuse(path, f"expected {node.op_type} as the float16 graphs use it, found {shown} reading "
+                            f"{inputs} and writing {len(outputs)} outputs")
+    elem_type = known.types[node.input[0]].tensor_type.elem_type
+    for name, dims in zip(outputs, shapes):
+        if name:
+            known.add(name, elem_type, dims)
+            yield name, dims
+
+
+def _attention(inputs: list, node: onnx.NodeProto) -> list | None:
+    """MultiHeadAttention: queries [B, Q, D], keys and values [B, T, D], no projection bias or
+    padding mask, optionally an additive bias [1, 1, Q, T], whole heads -> [B, Q, D]."""
+    query, key, value, *rest = inputs + [None] * (3 - len(inputs))
+    heads = next((attribute.i for attribute in node.attribute if attribute.name == "num_heads"), 0)
+    if len(query) != 3 or key is None or key != value or len(key) != 3 or key[0::2] != query[0::2]:
+        return None
+    if heads < 1 or query[2] % heads or len(rest) > 3 or any(rest[:2]) or rest[2:] not in ([], [[1, 1, query[1], key[1]]]):
+        return None
+    return [query]
+
+
+def _skip_layer_norm(inputs: list, node: onnx.NodeProto) -> list | None:
+    """SkipLayerNormalization: x and skip [B, T, D], gain, shift and bias [D] -> (LayerNorm of
+    x + skip + bias [B, T, D], mean [B, T, 1], inverse deviation [B, T, 1], the sum [B, T, D])."""
+    x, skip, *weights = inputs
+    if len(x) != 3 or skip != x or not 1 <= len(weights) <= 3 or any(weight not in (None, x[2:]) for weight in weights):
+        return None
+    statistics = [*x[:2], 1]
+    return [x, statistics, statistics, x]
+
+
+def _bias_gelu(inputs: list, node: onnx.NodeProto) -> list | None:
+    """BiasGelu: x [..., D] and bias [D] -> Gelu(x + bias) [..., D]."""
+    x, bias = (inputs + [None])[:2]
+    return [x] if len(inputs) == 2 and bias == x[-1:] else None
+
+
+# ONNX Runtime's operators in the float16 logits graphs (fused_graph.py), with the shapes
+# they make: onnx has no schema for them, so `_contrib_shapes` works their outputs out here.
+ORT_OPERATORS = {"MultiHeadAttention": _attention, "SkipLayerNormalization": _skip_layer_norm,
+                 "BiasGelu": _bias_gelu}
 
 
 def _compute_small_integers(node: onnx.NodeProto, known: _Shapes) -> None:

@@ -476,6 +476,12 @@ def test_fp16_export_writes_verified_float16_copies_with_float32_io(exported_fp1
         assert report["graphs"][name]["passed"] and report["graphs"][name]["tolerances_max_abs_diff"]["logits"] == 5e-2
     half = report["fp16"]
     assert half["n"] == 16 and half["top1_agreement"] == 100.0 and 0 < half["logits_max_abs_diff_vs_fp32"] < 5e-2
+    # The logits copy is ONNX Runtime's fused form (fused_graph.py); the attentions copy keeps
+    # the weights rollout reads, so its attention stays in standard operators.
+    depth = json.loads((folder / "config.json").read_text())["depth"]
+    assert report["graphs"]["model_fp16.onnx"]["onnxruntime_operators"] == {
+        "BiasGelu": depth, "MultiHeadAttention": depth, "SkipLayerNormalization": 2 * depth}
+    assert report["graphs"]["model_attentions_fp16.onnx"]["onnxruntime_operators"] == {}
 
 
 def test_fp16_parity_failure_fails_the_export(trained_tiny_dir, tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ from onnx import TensorProto, helper
 from conftest import assert_one_line, free_port, tiny_config
 from vit_hub.export import OnnxClassifier, OnnxModelError, export_onnx
 from vit_hub.export.exporter import write_graph
+from vit_hub.export.fused_graph import ort_fusions
 from vit_hub.export.graph_check import WEIGHTS_SHA256, check_graph, weights_sha256
 from vit_hub.export.half import convert_to_fp16
 from vit_hub.export.quantize import quantize_int8
@@ -263,7 +264,7 @@ VARIANTS = {
 def test_every_graph_the_exporter_writes_passes_within_the_stated_margins(variant, tmp_path, monkeypatch):
     """graph_check.py says: no value above 1x the config's largest activation, all values
     together at most 8x per block (depth + 2). Checked with those as the limits (the limits
-    in force are 2x and 32x), for both exporters, the attentions graph, fp16 and int8."""
+    in force are 2x and 32x), for both exporters, the attentions graph, both fp16 forms and int8."""
     from vit_hub.export import graph_check
 
     config = ViTConfig(**VARIANTS[variant])
@@ -274,6 +275,8 @@ def test_every_graph_the_exporter_writes_passes_within_the_stated_margins(varian
         graphs.append(write_graph(model, tmp_path / f"{exporter}_{opset}_{attentions}.onnx", output_attentions=attentions,
                                   opset=opset, exporter=exporter))
     graphs.append(convert_to_fp16(graphs[1], tmp_path / "half.onnx"))
+    fused = write_graph(model, tmp_path / "fused.onnx", output_attentions=False, fused_attention=True)
+    graphs.append(convert_to_fp16(ort_fusions(fused, fused, config), tmp_path / "fused_half.onnx"))  # model_fp16.onnx
     graphs.append(quantize_int8(graphs[0], tmp_path / "int8.onnx"))
     monkeypatch.setattr(graph_check, "VALUE_SLACK", 1)
     monkeypatch.setattr(graph_check, "TOTAL_SLACK", 8)
