@@ -19,13 +19,17 @@ positions on the patch tokens only (`no_embed_class=True`, as ours), class-token
 all dropout rates 0; parameter counts are checked equal. Achieved GFLOP/s uses
 `torch.utils.flop_counter` on one step (forward + backward, counted with SDPA's math backend
 so that the attention matmuls are seen), against this machine's fp32 matmul peak
-measured with `torch.mm` at the same thread count (on a GPU: the matmul peak in the step's
-dtype, and the CPU-time column means nothing there: read the wall clock).
+measured with `torch.mm` at the same thread count. On a GPU the CPU-time column means
+nothing (read the wall clock), and the step is also held against the GPU's datasheet peak in
+the step's dtype (`vit_hub.model.flops.peak_flops`): that is the MFU the training log prints,
+one definition for both; the share of the matmul peak measured here stays beside it.
+`--json PATH` also writes every row.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -39,6 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vit_hub.model.config import PRESETS  # noqa: E402
+from vit_hub.model.flops import peak_flops  # noqa: E402
 from vit_hub.model.vit import VisionTransformer  # noqa: E402
 
 # The mnist preset with ViT's plain conv patch embedding and learned positions: timm has no
@@ -223,6 +228,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="override the configs' batch size")
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table per model")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (the optimizer stays eager)")
+    parser.add_argument("--json", type=Path, help="also write every row here")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -244,17 +250,25 @@ def main() -> None:
           f"autocast {args.amp}" + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""))
     print(f"{str(peak_dtype).removeprefix('torch.')} matmul peak (torch.mm, best of 20): {peak_wall:.1f} GFLOP/s by wall time, "
           f"{peak_cpu:.1f} GFLOP/s by CPU time / threads\n")
+    datasheet = peak_flops(torch.cuda.get_device_name(device), peak_dtype) if device.type == "cuda" else None
+    if datasheet:
+        print(f"datasheet peak (vit_hub.model.flops, what the training log's MFU divides by): {datasheet / 1e12:.0f} TFLOP/s\n")
     print("| config | model | img/s wall (min-max) | img/s CPU time | vs timm, wall | vs timm, CPU time "
-          "| GFLOP/step | GFLOP/s (CPU time; GPU: wall) | of peak |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| GFLOP/step | GFLOP/s (CPU time; GPU: wall) | of measured matmul peak | MFU (datasheet peak) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for result in results:
         for model, row in result["rows"].items():
             wall_ratio = statistics.median(result["wall_round_ratios"][model])
             cpu_ratio = statistics.median(result["cpu_round_ratios"][model])
+            row["mfu"] = row["gflop_s"] * 1e9 / datasheet if datasheet else None
+            mfu = f"{row['mfu']:.1%}" if datasheet else "-"
             print(f"| {result['name']} | {model} | {row['wall']:.0f} ({row['wall_min']:.0f}-{row['wall_max']:.0f}) | "
                   f"{row['cpu']:.0f} | {wall_ratio:.3f}x | {cpu_ratio:.3f}x | {row['gflop_step']:.1f} | "
-                  f"{row['gflop_s']:.1f} | {row['gflop_s'] / (peak_wall if device.type == 'cuda' else peak_cpu):.0%} |")
+                  f"{row['gflop_s']:.1f} | {row['gflop_s'] / (peak_wall if device.type == 'cuda' else peak_cpu):.0%} "
+                  f"| {mfu} |")
     print()
+    if args.json:
+        args.json.write_text(json.dumps({result["name"]: result["rows"] for result in results}, indent=2))
     for result in results:
         cpu_ratios, wall_ratios = result["cpu_round_ratios"]["vit_hub"], result["wall_round_ratios"]["vit_hub"]
         print(f"- {result['name']} ({describe(CONFIGS[result['name']])}): {result['parameters']:,} parameters each; "
