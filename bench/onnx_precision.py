@@ -6,12 +6,10 @@
 Exports the model (`--precision fp16`: model.onnx and model_fp16.onnx, verified), then times
 every contender interleaved, round after round, at each batch size:
 
-  * NumPy in, NumPy out, as an app calls `OnnxClassifier.run`: ONNX Runtime fp32 and fp16 on
-    the provider `auto` picks, torch fp32 and, on CUDA, torch TF32 and bf16 (autocast),
-    copies between host and device included;
-  * on CUDA only, device-resident: the batch already on the GPU and the outputs left there,
-    ONNX Runtime through IO binding of torch tensors (bound once, reused every call) and
-    torch bf16 on the same tensors.
+NumPy in, NumPy out, as an app calls `OnnxClassifier.run`: ONNX Runtime fp32 and fp16 on the
+provider `auto` picks, torch fp32 and, on CUDA, torch TF32 and bf16 (autocast), copies between
+host and device included. With the data already on the GPU (IO binding), and the fp16 graph's
+forms against each other: bench/onnx_cuda.py.
 
 Contenders a machine cannot run (CUDA ones on a CPU) are listed as not measured. Prints a
 table (median ms per call, images/s) and this command; `--json` keeps the numbers.
@@ -35,13 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vit_hub.export import OnnxClassifier, export_onnx  # noqa: E402
-from vit_hub.export.session import CUDA  # noqa: E402
 from vit_hub.export.timing import machine_load, time_interleaved  # noqa: E402
 from vit_hub.hub.pretrained import HubVisionTransformer, load_model  # noqa: E402
-from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS  # noqa: E402
 from vit_hub.model.config import PRESETS  # noqa: E402
 
-CUDA_ONLY = ("torch tf32", "torch bf16", "ort fp32 on device", "ort fp16 on device", "torch bf16 on device")
+CUDA_ONLY = ("torch tf32", "torch bf16")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,25 +73,6 @@ def torch_call(model: torch.nn.Module, pixels: np.ndarray, device: str, mode: st
     return call
 
 
-def ort_on_device(classifier: OnnxClassifier, images: torch.Tensor, classes: int) -> Callable[[], None]:
-    """ONNX Runtime on a batch already on the GPU, logits written to a GPU tensor; the binding
-    is made once and reused by every call."""
-    session = classifier.session
-    logits = torch.empty(len(images), classes, device=images.device)
-    binding = session.io_binding()
-    binding.bind_input(GRAPH_INPUT, "cuda", 0, np.float32, list(images.shape), images.data_ptr())
-    binding.bind_output(GRAPH_LOGITS, "cuda", 0, np.float32, list(logits.shape), logits.data_ptr())
-    return lambda: session.run_with_iobinding(binding)
-
-
-def torch_on_device(model: torch.nn.Module, images: torch.Tensor) -> Callable[[], None]:
-    def call() -> None:
-        with torch.inference_mode(), torch.autocast("cuda", torch.bfloat16):
-            model(images)
-        torch.cuda.synchronize()  # the call ends when the GPU is done, as ONNX Runtime's does
-    return call
-
-
 def contenders(model: torch.nn.Module, classifiers: dict[str, OnnxClassifier], batch: int,
                device: str) -> dict[str, Callable[[], Any]]:
     config = model.config
@@ -106,11 +83,6 @@ def contenders(model: torch.nn.Module, classifiers: dict[str, OnnxClassifier], b
     if device == "cuda":
         calls["torch tf32"] = torch_call(model, pixels, device, "tf32")
         calls["torch bf16"] = torch_call(model, pixels, device, "bf16")
-        images = torch.from_numpy(pixels).to(device)
-        for precision, classifier in classifiers.items():
-            if classifier.providers[0] == CUDA:
-                calls[f"ort {precision} on device"] = ort_on_device(classifier, images, config.num_classes)
-        calls["torch bf16 on device"] = torch_on_device(model, images)
     return calls
 
 
