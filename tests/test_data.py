@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +266,40 @@ def test_mean_and_std_are_measured_as_the_model_sees_the_pixels():
     mean, std = compute_mean_std(Images([red, red]), identity_config())
     assert mean == [1.0, 0.0, 0.2]
     assert min(std) > 0  # a constant channel still gives a usable std
+
+
+class DecodedPhotos(torch.utils.data.Dataset):
+    """Images made when read, as a folder decodes its files, counting how many are alive at once."""
+
+    def __init__(self, count: int):
+        self.count, self.alive, self.most_alive = count, 0, 0
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, index):
+        image = Image.new("RGB", (64, 48), (index % 256, 90, 160))
+        self.alive += 1
+        self.most_alive = max(self.most_alive, self.alive)
+        weakref.finalize(image, self._dropped)
+        return image, index % 2
+
+    def _dropped(self):
+        self.alive -= 1
+
+
+@pytest.mark.parametrize("measure", ["describe_images", "compute_mean_std"])
+def test_the_data_is_measured_one_image_at_a_time(measure):
+    """A folder of phone photos takes 36 MB an image decoded: measuring 400 (or up to 5,000)
+    of them must not hold them all, as it did (40 photos of 12 MP: 1.7 GB more at the peak)."""
+    photos = DecodedPhotos(50)
+    if measure == "describe_images":
+        stats = describe_images(photos, count=40)
+        assert stats.channels == 3 and stats.median_side == 48
+    else:
+        mean, _ = compute_mean_std(photos, identity_config(), max_images=40)
+        assert mean[1:] == [round(90 / 255, 4), round(160 / 255, 4)]
+    assert photos.most_alive <= 2  # the one being read and the one before it
 
 
 def test_describe_images_reports_channels_and_typical_size(image_folder):

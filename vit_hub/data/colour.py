@@ -56,10 +56,16 @@ def colour_evidence(images: Sequence[Image.Image], labels: Sequence[int], seed: 
     )
 
 
+def colour_thumbnail(image: Image.Image) -> Image.Image:
+    """The small RGB copy of an image that its colour features are read from: all that
+    `colour_evidence` needs of it, so a caller may keep this and let the image go."""
+    return image.convert("RGB").resize((THUMBNAIL, THUMBNAIL), Image.Resampling.BILINEAR)
+
+
 def _histograms(image: Image.Image) -> tuple[np.ndarray, np.ndarray]:
     """(brightness features, colour features) of one image in YCbCr: the mean, spread and
     12-bin histogram of Y; the means, spreads and 6x6 joint histogram of Cb and Cr."""
-    small = image.convert("RGB").resize((THUMBNAIL, THUMBNAIL), Image.Resampling.BILINEAR)
+    small = colour_thumbnail(image)  # a thumbnail already is one: converting and resizing it copies it
     ycc = np.asarray(small.convert("YCbCr"), dtype=np.float32).reshape(-1, 3) / 255.0  # [pixels, 3]
     y, cb, cr = ycc.T
     luminance = np.histogram(y, bins=12, range=(0, 1))[0] / y.size

@@ -19,6 +19,7 @@ import dataclasses
 import gzip
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,13 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets
 
 from vit_hub.data.choices import TORCHVISION_DATASETS
-from vit_hub.data.colour import ColourEvidence, colour_evidence
+from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
 from vit_hub.errors import DataError
 from vit_hub.model.config import DIGIT_LABELS, ViTConfig, convstem_fits, preset_fields, suggest_for_data
 from vit_hub.processing.preprocess import MIN_STD, resize, to_model_domain
+
+GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")  # Pillow modes without colour
 
 BUNDLED_MNIST = Path(__file__).resolve().parents[1] / "bundled"
 
@@ -262,33 +265,41 @@ class ImageStats:
         return 3 if self.channels == 3 and self.colour is not None and self.colour.colour_helps else 1
 
 
-def _sample_images(dataset: Dataset, count: int, seed: int) -> list[Image.Image]:
-    return [image for image, _ in _sample(dataset, count, seed)]
-
-
-def _sample(dataset: Dataset, count: int, seed: int) -> list[tuple[Image.Image, int]]:
+def _sample(dataset: Dataset, count: int, seed: int) -> Iterator[tuple[Image.Image, int]]:
+    """Up to `count` of the dataset's (image, label) pairs, chosen by `seed`, read one at a time:
+    callers keep a small part of each (a thumbnail, sums of pixels), so a folder of phone photos
+    (36 MB each decoded) is never in memory all at once."""
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(dataset), size=min(count, len(dataset)), replace=False)
-    return [dataset[int(i)] for i in picks]
+    return (dataset[int(i)] for i in picks)
 
 
 def describe_images(dataset: Dataset, seed: int = 0, count: int = 400) -> ImageStats:
-    images, labels = zip(*_sample(dataset, count, seed))
-    gray = all(image.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F") for image in images)
-    median_side = int(np.median([min(image.size) for image in images]))
-    colour = None if gray else colour_evidence(images, labels, seed)
-    return ImageStats(len(dataset), 1 if gray else 3, median_side, colour)
+    gray, sides, thumbnails, labels = True, [], [], []
+    for image, label in _sample(dataset, count, seed):
+        gray = gray and image.mode in GRAY_MODES
+        sides.append(min(image.size))
+        thumbnails.append(colour_thumbnail(image))
+        labels.append(label)
+    colour = None if gray else colour_evidence(thumbnails, labels, seed)
+    return ImageStats(len(dataset), 1 if gray else 3, int(np.median(sides)), colour)
 
 
 def compute_mean_std(dataset: Dataset, config: ViTConfig, seed: int = 0,
                      max_images: int = 5000) -> tuple[list[float], list[float]]:
     """Per-channel mean and std of the training images as the model sees them
-    (converted and resized, in [0, 1]), estimated on up to `max_images` of them."""
-    images = _sample_images(dataset, max_images, seed)
-    pixels = np.stack([np.asarray(resize(to_model_domain(image, config), config)) for image in images])
-    pixels = pixels.reshape(len(images), -1, config.in_channels).astype(np.float64) / 255.0  # [n, HW, C]
-    std = np.maximum(pixels.std(axis=(0, 1)), MIN_STD)
-    return pixels.mean(axis=(0, 1)).round(4).tolist(), std.round(4).tolist()
+    (converted and resized, in [0, 1]), estimated on up to `max_images` of them, summed one
+    image at a time."""
+    sums = np.zeros((2, config.in_channels))  # per channel: sum of x, sum of x squared
+    count = 0
+    for image, _ in _sample(dataset, max_images, seed):
+        pixels = np.asarray(resize(to_model_domain(image, config), config), dtype=np.float64)
+        pixels = pixels.reshape(-1, config.in_channels) / 255.0  # [HW, C]
+        sums += np.stack([pixels.sum(axis=0), (pixels**2).sum(axis=0)])
+        count += len(pixels)
+    mean = sums[0] / count
+    std = np.maximum(np.sqrt(np.maximum(sums[1] / count - mean**2, 0.0)), MIN_STD)
+    return mean.round(4).tolist(), std.round(4).tolist()
 
 
 def config_for_data(splits: DataSplits, preset: str | None, overrides: dict[str, Any], seed: int,
