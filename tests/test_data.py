@@ -583,6 +583,26 @@ def test_sampler_keys_name_the_epoch_and_the_index():
     assert sorted(key - 30 for key in keys) == list(range(10))
 
 
+def test_a_large_jpeg_is_read_at_a_reduced_scale_for_training_only(tmp_path):
+    """A training read of a photo much larger than the model decodes at the JPEG's own reduced
+    scale, keeping DECODE_MARGIN x the model's side on the shorter side; evaluation reads it
+    whole (what `preprocess` does), and so do digit models (canonicalising reads the strokes)."""
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        Image.new("RGB", (1600, 1200), (200, 120, 40)).save(tmp_path / label / "phone.jpg", quality=90)
+        Image.new("RGB", (1600, 1200), (200, 120, 40)).save(tmp_path / label / "scan.png")
+    train = load_splits(str(tmp_path), val_split=0.0).train
+    sizes = {Path(path).name: index for index, (path, _) in enumerate(train.samples)}
+    photo = ViTConfig(**tiny_config(image_size=64, patch_size=8))  # keeps 4 x 64 = 256 px: 1/4 (400x300)
+    reads = batches.DomainImages(train, photo, keep=False)
+    assert batches.DECODE_MARGIN * 64 == reads.min_side == 256
+    assert reads[sizes["phone.jpg"]][0].size == (400, 300)
+    assert reads[sizes["scan.png"]][0].size == (1600, 1200)  # only JPEG decodes at reduced scales
+    assert train[sizes["phone.jpg"]][0].size == (1600, 1200)  # evaluation and inference: whole
+    digit = ViTConfig(**tiny_config(image_size=28, patch_size=4, in_channels=1, canonicalize="digit"))
+    assert batches.DomainImages(train, digit, keep=False).min_side is None
+
+
 # A run's loaders: a new order every epoch, a disjoint evaluation shard per process -------------------
 class Numbered(torch.utils.data.Dataset):
     """`size` small gray images, each labelled with its own index: the labels a loader gives say

@@ -16,12 +16,17 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit_hub.data.augmentation import TrainTransform
+from vit_hub.data.sources import Split
 from vit_hub.model.config import ViTConfig
 from vit_hub.processing.preprocess import preprocess, to_model_domain
 
 # The most memory one process spends keeping canonical digits (`DomainImages`); MNIST's 60,000
 # training digits at 28x28 take 47 MB.
 KEPT_DOMAIN_BYTES = 256 * 2**20
+# A training read keeps at least this many times the model's side on the image's shorter side
+# (`DomainImages`): a random-resized crop keeps at least half the area, so even the smallest
+# crop is still reduced more than 2x by the resize to the model's size, as before.
+DECODE_MARGIN = 4
 
 
 class EvalTransform:
@@ -60,11 +65,18 @@ class DomainImages(Dataset):
     more than augmenting it and gives the same image every time, so with `keep` each result
     is kept (as uint8 pixels) and every later epoch augments the kept image. Each process
     keeps its own: a DataLoader worker fills its copy with the images it meets, and the
-    trainer's workers persist across epochs."""
+    trainer's workers persist across epochs.
+
+    Training resamples every image to the model's size, so a large JPEG of a folder is read
+    at a reduced scale that keeps DECODE_MARGIN times the model's larger side on its shorter
+    side (`min_side`, `preprocess.open_image`): decoding is most of a worker's time on phone
+    photos. Digits are read whole: canonicalising works on the full-size strokes, as
+    inference does."""
 
     def __init__(self, dataset: Dataset, config: ViTConfig, keep: bool):
         self.dataset, self.config, self.keep = dataset, config, keep
         self.kept: dict[int, tuple[np.ndarray, int]] = {}  # index -> (pixels [H, W] or [H, W, C], label)
+        self.min_side = None if config.canonicalize == "digit" else DECODE_MARGIN * max(config.image_size)
 
     @classmethod
     def for_training(cls, dataset: Dataset, config: ViTConfig) -> DomainImages:
@@ -81,7 +93,8 @@ class DomainImages(Dataset):
         if index in self.kept:
             pixels, label = self.kept[index]
             return Image.fromarray(pixels), label
-        image, label = self.dataset[index]
+        image, label = (self.dataset.read(index, self.min_side) if isinstance(self.dataset, Split)
+                        else self.dataset[index])
         image = to_model_domain(image, self.config)
         if self.keep:
             self.kept[index] = (np.asarray(image), int(label))

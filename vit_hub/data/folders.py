@@ -217,10 +217,15 @@ class FolderImages(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return self.read(index)
+
+    def read(self, index: int, min_side: int | None = None) -> tuple[Image.Image, int]:
+        """The image and its class; `min_side`: a large JPEG may decode at a reduced scale
+        that keeps this many pixels on its shorter side (`open_image`; training reads)."""
         path, label = self.samples[index]
         if not self.unreadable.flags[index]:
             try:
-                return open_image(path, Path(path).name), label
+                return open_image(path, Path(path).name, min_side=min_side), label
             except Exception as error:  # open_image's one-line errors, and whatever else a broken file raises
                 self.unreadable.mark(index, error)
         raise UnreadableImage(f"unreadable image {path}")

@@ -191,11 +191,19 @@ class Split(Subset):
         super().__init__(dataset, range(len(dataset)) if indices is None else indices)
 
     def __getitem__(self, index: int):
+        return self.read(index)
+
+    def read(self, index: int, min_side: int | None = None):
+        """Item `index`; of a folder, a large JPEG may decode at a reduced scale that keeps
+        `min_side` pixels on its shorter side (`FolderImages.read`; training reads)."""
         if not -len(self.indices) <= index < len(self.indices):
             raise IndexError(f"index {index} out of range for a split of {len(self.indices)} images")
         for step in range(len(self.indices)):
+            position = self.indices[(index + step) % len(self.indices)]
             try:
-                return self.dataset[self.indices[(index + step) % len(self.indices)]]
+                if isinstance(self.dataset, FolderImages):
+                    return self.dataset.read(position, min_side)
+                return self.dataset[position]
             except UnreadableImage:
                 continue
         raise DataError(f"found no readable images among the {len(self.indices)} files of this split; "
