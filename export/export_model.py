@@ -154,7 +154,8 @@ class ExportOptions:
         data_root: where torchvision datasets named by calib_data live.
         eval_limit: measure int8 accuracy (and fp16 agreement) on the first N images only.
         precision: "fp32", or "fp16" to also write float16 copies of the graphs for the CUDA
-            provider (`model_fp16.onnx`, ...; see half.py), verified and measured.
+            provider (`model_fp16.onnx` in ONNX Runtime's fused form, ...; see half.py and
+            fused_graph.py), verified and measured.
     """
 
     opset: int = DEFAULT_OPSET

@@ -3,7 +3,9 @@
 Two graphs can be written from the same model:
   * logits only: `pixel_values [batch, C, H, W] -> logits [batch, classes]`, traced through
     the fused attention path, so a classifier never pays for attention weights;
-  * with output_attentions: `-> logits, attentions [depth, batch, heads, T, T]` for rollout.
+  * with output_attentions: `-> logits, attentions [depth, batch, heads, T, T]` for rollout;
+and, for the float16 copy, the logits graph with fused attention: each block's attention one
+ONNX Runtime MultiHeadAttention node (fused_graph.py).
 
 Exporters (chosen explicitly; see BENCHMARKS.md for the numbers behind the default):
   * "torchscript" (`dynamo=False`, the default here): its graph ran faster in ONNX Runtime

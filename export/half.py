@@ -4,7 +4,9 @@ In float16 every weight and activation takes half the bytes, and the CUDA provid
 matrix products on tensor cores. The copy keeps float32 inputs and outputs (a Cast at each
 edge), so callers pass and receive the same arrays as with the float32 graph. Every
 operator runs in float16: ONNX Runtime's CUDA LayerNormalization and Softmax kernels already
-accumulate in float32, and keeping them in float32 in the graph would only add casts.
+accumulate in float32, and keeping them in float32 in the graph would only add casts. The
+logits graph is converted from its ONNX Runtime form (fused_graph.py: attention as one
+operator), the attentions graph from the plain one.
 
 The copy is verified like any graph (`verify.py`), at FP16_TOLERANCES, and measured against
 the float32 graph on real images: top-1 agreement and the largest logit difference. On a
