@@ -53,8 +53,8 @@ def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_
     1/2, 1/4 or 1/8 of its size instead, the largest that fits: JPEG decodes at those scales
     directly, never holding the full-size pixels. With `min_side` (training reads, which
     resample the image to the model's size anyway) a JPEG is decoded at the smallest of those
-    scales whose shorter side keeps `min_side` pixels: a 12 MP photo for a 64-pixel model
-    decodes in a seventh of the time. `name` is how messages call the file (default: its
+    scales whose shorter side keeps `min_side` pixels, in a fraction of the time (BENCHMARKS.md,
+    "The input pipeline and start-up"). `name` is how messages call the file (default: its
     path); the app passes the client's own file name so that no server path reaches a user.
     """
     path = Path(path)
