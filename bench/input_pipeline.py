@@ -79,12 +79,12 @@ def old_data_module():
     return module
 
 
-def make_photos(root: Path, count: int, side: int = 256) -> Path:
+def make_photos(root: Path, count: int, side: int = 256, seed: int = 0) -> Path:
     """`count` JPEGs of smooth colour fields with discs and sensor noise, 10 classes."""
     if (root / "done").is_file():
         return root
     shutil.rmtree(root, ignore_errors=True)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for index in range(count):
         folder = root / f"class{index % 10}"
         folder.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,7 @@ def make_folder(root: Path, images: int) -> Path:
     cores = os.cpu_count() or 1
     parts = [root.with_name(f"{root.name}.part{index}") for index in range(cores)]
     with ProcessPoolExecutor(cores) as pool:
-        list(pool.map(make_photos, parts, [images // cores] * cores))
+        list(pool.map(make_photos, parts, [images // cores] * cores, [256] * cores, range(cores)))  # a seed each
     for part in parts:  # <root>.partP/classK/N.jpg -> <root>/classK/partP_N.jpg
         for image in part.glob("class*/*.jpg"):
             (root / image.parent.name).mkdir(parents=True, exist_ok=True)
