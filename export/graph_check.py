@@ -327,7 +327,7 @@ def _attention(inputs: list, node: onnx.NodeProto) -> list | None:
 def _skip_layer_norm(inputs: list, node: onnx.NodeProto) -> list | None:
     """SkipLayerNormalization: x and skip [B, T, D], gain, shift and bias [D] -> (LayerNorm of
     x + skip + bias [B, T, D], mean [B, T, 1], inverse deviation [B, T, 1], the sum [B, T, D])."""
-    x, skip, *weights = inputs
+    x, skip, *weights = inputs + [None] * (2 - len(inputs))
     if len(x) != 3 or skip != x or not 1 <= len(weights) <= 3 or any(weight not in (None, x[2:]) for weight in weights):
         return None
     statistics = [*x[:2], 1]

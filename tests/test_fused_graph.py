@@ -104,6 +104,11 @@ def short_gain(graph):
     first(graph, "SkipLayerNormalization").input[2] = "short_gain"
 
 
+def lone_input(graph):
+    """a SkipLayerNormalization with nothing to add or scale."""
+    del first(graph, "SkipLayerNormalization").input[1:]
+
+
 def long_bias(graph):
     """a GELU bias of 64 values for 32 hidden features."""
     graph.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(64, np.float16), "long_bias"))
@@ -118,6 +123,7 @@ def other_operator(graph):
 MUTATIONS = {"more_heads": (more_heads, "MultiHeadAttention node"),
              "padding_mask": (padding_mask, "MultiHeadAttention node"),
              "short_gain": (short_gain, "SkipLayerNormalization node"),
+             "lone_input": (lone_input, "SkipLayerNormalization node"),
              "long_bias": (long_bias, "BiasGelu node"),
              "other_operator": (other_operator, f"{ORT_DOMAIN}.FastGelu")}
 
