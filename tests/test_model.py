@@ -668,8 +668,8 @@ def test_derived_sizes():
 
 
 @pytest.mark.parametrize("num_train, channels, side, expected", [
-    (600, 1, 28, dict(image_size=28, patch_size=4, in_channels=1, patch_embedding="convstem")),
-    (400, 3, 500, dict(image_size=64, patch_size=8, in_channels=3, locality_attention=True)),
+    (600, 1, 28, dict(image_size=28, patch_size=4, in_channels=1, patch_embedding="convstem", embed_dim=128)),
+    (400, 3, 500, dict(image_size=64, patch_size=8, in_channels=3, locality_attention=True, embed_dim=192)),
     (50_000, 3, 32, dict(image_size=32, patch_size=4, embed_dim=192)),
     (500_000, 3, 300, dict(image_size=224, patch_size=16, embed_dim=192, depth=12)),
 ])

@@ -10,8 +10,10 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -34,7 +36,8 @@ from vit_hub.train.distributed import running
 from vit_hub.train.evaluation import evaluate, shift_warning
 from vit_hub.train.loop import Trainer
 from vit_hub.train.run import build_trainer, train
-from vit_hub.train.schedule import Schedule, default_batch_size, default_epochs, learning_rate, peak_learning_rate
+from vit_hub.train.schedule import (SMALL_PHOTO_LEARNING_RATE, Schedule, default_batch_size, default_epochs, learning_rate,
+                                    peak_learning_rate)
 from vit_hub.train.settings import TrainingError, TrainSettings
 from vit_hub.train.step import choose_compile, parameter_groups
 
@@ -207,6 +210,28 @@ def test_test_far_below_validation_is_reported(val, test, n, warned):
 def test_learning_rate_follows_flag_then_preset_then_default_scaled_to_the_batch(preset, batch, lr, expected):
     settings = TrainSettings(data="mnist", out="unused", preset=preset, batch_size=batch, lr=lr)
     assert peak_learning_rate(settings, batch) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("lr, init, expected", [(None, None, 2.5e-4), (1e-3, None, 1e-3), (None, "some/vit", 5e-5)])
+def test_a_small_photo_folder_gets_half_the_default_rate_unless_lr_or_init_say_otherwise(lr, init, expected):
+    settings = TrainSettings(data="photos", out="unused", batch_size=32, lr=lr, init=init)
+    assert peak_learning_rate(settings, 32, small_photos=True) == pytest.approx(expected)
+
+
+def test_a_small_photo_folder_trains_at_the_small_photo_rate_and_resumes_at_it(tmp_path):
+    """The rate follows from the data the run described when it chose its model; a resumed run
+    does not describe the data again, so it must read the rate from its checkpoint."""
+    photos = tmp_path / "photos"
+    for label, level in (("bright", 190), ("dark", 70)):
+        (photos / label).mkdir(parents=True)
+        for index in range(6):  # 60x72 px: photos (over 40 px), far fewer than 10,000
+            Image.fromarray(np.full((60, 72, 3), level + 5 * index, np.uint8)).save(photos / label / f"{index}.png")
+    out = tmp_path / "run"
+    expected = f"lr {SMALL_PHOTO_LEARNING_RATE * math.sqrt(8 / 128):g},"
+    _, stdout, _ = quietly(train, tiny_settings(photos, out, lr=None, epochs=2), stop_after_epochs=1)
+    assert expected in stdout
+    resumed, stdout, _ = quietly(train, TrainSettings(data="", out=str(out)), resume=True)
+    assert expected in stdout and [record["epoch"] for record in resumed["history"]] == [1, 2]
 
 
 def test_config_stores_labels_and_the_training_split_mean_and_std(learned_run, image_folder):

@@ -32,7 +32,7 @@ from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
 from vit_hub.errors import DataError
-from vit_hub.model.config import DIGIT_LABELS, ViTConfig, convstem_fits, preset_fields, suggest_for_data
+from vit_hub.model.config import DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder, preset_fields, suggest_for_data
 from vit_hub.processing.preprocess import MIN_STD, resize, to_model_domain
 
 GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")  # Pillow modes without colour
@@ -271,6 +271,10 @@ class ImageStats:
     def model_channels(self) -> int:
         """The input channels to train with: 3 only when colour helps (vit_hub/data/colour.py)."""
         return 3 if self.channels == 3 and self.colour is not None and self.colour.colour_helps else 1
+
+    @property
+    def is_small_photo_folder(self) -> bool:
+        return is_small_photo_folder(self.num_train, self.median_side)
 
 
 def _sample(dataset: Dataset, count: int, seed: int) -> Iterator[tuple[Image.Image, int]]:

@@ -228,7 +228,9 @@ class Trainer:
             tqdm.write(json.dumps(shown) + ("  (best)" if improved else ""))
 
     def _save_checkpoint(self) -> None:
-        state = {**self.progress.state(), "settings": dataclasses.asdict(self.settings),
+        # The learning rate as resolved: a resumed run does not describe its data again to choose it.
+        settings = dataclasses.replace(self.settings, lr=self.plan.schedule.peak_lr)
+        state = {**self.progress.state(), "settings": dataclasses.asdict(settings),
                  "config": self.plan.config.to_dict()}
         save_checkpoint(self.out.checkpoint, self.model, self.step.optimizer, state)
 

@@ -89,7 +89,8 @@ def build_trainer(settings: TrainSettings, runtime: Runtime, state: dict[str, An
     splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split, settings.seed,
                                settings.strict, index=index)
     data_stats, config = _choose_config(settings, splits, runtime, start, state)
-    schedule = plan_schedule(settings, len(splits.train), runtime.world_size)
+    small_photos = data_stats is not None and data_stats.is_small_photo_folder
+    schedule = plan_schedule(settings, len(splits.train), runtime.world_size, small_photos)
     if state is not None:
         resolved = {"epochs": schedule.epochs, "batch_size": schedule.batch_size, "lr": schedule.peak_lr,
                     "warmup_epochs": schedule.warmup_epochs}

@@ -13,6 +13,9 @@ from vit_hub.train.settings import TrainingError, TrainSettings
 # with another rate names it here (the sweep in BENCHMARKS.md, "What holds a short MNIST run back").
 DEFAULT_LEARNING_RATE = 1e-3
 PRESET_LEARNING_RATES: dict[str, float] = {"mnist": 2e-3}
+# A few thousand photos or fewer, the model chosen from the data (the small-data preset, 192 wide):
+# half the rate, 2.5e-4 at their batch of 32 (BENCHMARKS.md, "Real photos over three seeds").
+SMALL_PHOTO_LEARNING_RATE = 5e-4
 # Fine-tuning from pretrained weights (--init) starts close to a good solution: a tenth of the
 # from-scratch rate (BENCHMARKS.md, "Fine-tuning from pretrained weights").
 FINE_TUNE_LEARNING_RATE = 1e-4
@@ -33,8 +36,9 @@ def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float) -
     return peak * (0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
-def peak_learning_rate(settings: TrainSettings, batch_size: int) -> float:
-    """--lr, else the preset's (or the default, or the fine-tuning) rate for a batch of 128,
+def peak_learning_rate(settings: TrainSettings, batch_size: int, small_photos: bool = False) -> float:
+    """--lr, else the preset's (or the default, the fine-tuning or, when the data chose the model
+    for a small photo folder, `small_photos`, the small-photo) rate for a batch of 128,
     scaled by the square root of the batch's ratio to 128 (AdamW's gradient noise falls with
     the square root of the batch; the linear rule measured worse on small data: BENCHMARKS.md,
     "Circles vs squares")."""
@@ -42,6 +46,8 @@ def peak_learning_rate(settings: TrainSettings, batch_size: int) -> float:
         return settings.lr
     if settings.init:
         per_reference = FINE_TUNE_LEARNING_RATE
+    elif small_photos:
+        per_reference = SMALL_PHOTO_LEARNING_RATE
     else:
         per_reference = PRESET_LEARNING_RATES.get(settings.preset or "", DEFAULT_LEARNING_RATE)
     return per_reference * math.sqrt(batch_size / REFERENCE_BATCH)
@@ -91,8 +97,9 @@ class Schedule:
         return learning_rate(step, self.total_steps, self.warmup_steps, self.peak_lr)
 
 
-def plan_schedule(settings: TrainSettings, num_train: int, processes: int = 1) -> Schedule:
-    """The flags where given, else the defaults for `num_train` training images. Every process
+def plan_schedule(settings: TrainSettings, num_train: int, processes: int = 1, small_photos: bool = False) -> Schedule:
+    """The flags where given, else the defaults for `num_train` training images (`small_photos`:
+    the data chose the model for a small photo folder, `peak_learning_rate`). Every process
     takes an equal share of each global batch, and an epoch is the whole batches of the
     training split (one short batch when there is less than one)."""
     batch_size = settings.batch_size if settings.batch_size is not None else default_batch_size(num_train)
@@ -105,5 +112,5 @@ def plan_schedule(settings: TrainSettings, num_train: int, processes: int = 1) -
     else:
         epochs = (default_fine_tune_epochs if settings.init else default_epochs)(num_train)
     warmup = settings.warmup_epochs if settings.warmup_epochs is not None else WARMUP_SHARE * epochs
-    return Schedule(epochs=epochs, batch_size=batch_size, peak_lr=peak_learning_rate(settings, batch_size),
+    return Schedule(epochs=epochs, batch_size=batch_size, peak_lr=peak_learning_rate(settings, batch_size, small_photos),
                     warmup_epochs=warmup, steps_per_epoch=max(1, num_train // batch_size))

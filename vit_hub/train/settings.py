@@ -53,7 +53,8 @@ class TrainSettings:
         epochs: passes over the training images; default: about 200k images seen, 10 to 200 epochs.
         batch_size: global batch size (all processes); default 128, smaller on small data
             (about 10 steps an epoch).
-        lr: peak learning rate; default 1e-3 (mnist preset 2e-3) x sqrt(batch_size / 128).
+        lr: peak learning rate; default 1e-3 (mnist preset 2e-3, small photo
+            folders 5e-4) x sqrt(batch_size / 128).
         weight_decay: AdamW weight decay.
         warmup_epochs: linear warmup before the cosine decay; default 5 % of the epochs.
         label_smoothing: share of each target spread over the other classes.
