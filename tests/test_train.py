@@ -36,8 +36,8 @@ from vit_hub.train.distributed import running
 from vit_hub.train.evaluation import evaluate, shift_warning
 from vit_hub.train.loop import Trainer
 from vit_hub.train.run import build_trainer, train
-from vit_hub.train.schedule import (SMALL_PHOTO_LEARNING_RATE, Schedule, default_batch_size, default_epochs, learning_rate,
-                                    peak_learning_rate)
+from vit_hub.train.schedule import (SMALL_PHOTO_LEARNING_RATE, Schedule, default_batch_size, default_epochs,
+                                    learning_rate, peak_learning_rate)
 from vit_hub.train.settings import TrainingError, TrainSettings
 from vit_hub.train.step import choose_compile, parameter_groups
 

@@ -32,7 +32,8 @@ from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
 from vit_hub.errors import DataError
-from vit_hub.model.config import DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder, preset_fields, suggest_for_data
+from vit_hub.model.config import (DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder, preset_fields,
+                                  suggest_for_data)
 from vit_hub.processing.preprocess import MIN_STD, resize, to_model_domain
 
 GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")  # Pillow modes without colour

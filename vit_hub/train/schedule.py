@@ -97,7 +97,8 @@ class Schedule:
         return learning_rate(step, self.total_steps, self.warmup_steps, self.peak_lr)
 
 
-def plan_schedule(settings: TrainSettings, num_train: int, processes: int = 1, small_photos: bool = False) -> Schedule:
+def plan_schedule(settings: TrainSettings, num_train: int, processes: int = 1,
+                  small_photos: bool = False) -> Schedule:
     """The flags where given, else the defaults for `num_train` training images (`small_photos`:
     the data chose the model for a small photo folder, `peak_learning_rate`). Every process
     takes an equal share of each global batch, and an epoch is the whole batches of the
@@ -112,5 +113,6 @@ def plan_schedule(settings: TrainSettings, num_train: int, processes: int = 1, s
     else:
         epochs = (default_fine_tune_epochs if settings.init else default_epochs)(num_train)
     warmup = settings.warmup_epochs if settings.warmup_epochs is not None else WARMUP_SHARE * epochs
-    return Schedule(epochs=epochs, batch_size=batch_size, peak_lr=peak_learning_rate(settings, batch_size, small_photos),
-                    warmup_epochs=warmup, steps_per_epoch=max(1, num_train // batch_size))
+    peak_lr = peak_learning_rate(settings, batch_size, small_photos)
+    return Schedule(epochs=epochs, batch_size=batch_size, peak_lr=peak_lr, warmup_epochs=warmup,
+                    steps_per_epoch=max(1, num_train // batch_size))
