@@ -330,7 +330,7 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
     patch_size = {28: 4, 32: 4, 64: 8, 96: 12, 224: 16}[image_size]
     if num_train < SMALL_DATA_IMAGES:
         values = preset_fields("small-data")
-        if median_side > PHOTO_SIDE:
+        if is_small_photo_folder(num_train, median_side):
             values.update(embed_dim=SMALL_PHOTO_WIDTH)
     elif num_train < 100_000:
         values = dict(embed_dim=192, depth=9, num_heads=3, mlp_ratio=2.0, drop_path=0.1)
