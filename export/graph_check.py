@@ -37,7 +37,7 @@ from onnx.reference import ReferenceEvaluator
 from vit_hub.errors import UserError
 from vit_hub.explain.attribution import OCCLUSION_CHUNK
 from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
-from vit_hub.model.config import ViTConfig
+from vit_hub.model.config import CONV_STEMS, ViTConfig
 
 # A protobuf file cannot exceed 2 GB; the exporter writes nothing larger either.
 MAX_GRAPH_BYTES = 2**31 - 1
@@ -107,8 +107,8 @@ def largest_activation(config: ViTConfig) -> int:
                   config.in_channels * height * width, config.num_classes, config.pre_logits]
     if config.patch_embedding == "shifted":
         candidates.append(SHIFTED_COPIES * config.in_channels * height * width)
-    if config.patch_embedding == "convstem":
-        candidates.append(max(8, dim) * height * width // 4)  # the first stride-2 convolution's output
+    if config.patch_embedding in CONV_STEMS:
+        candidates.append(max(8, dim) * height * width // 4)  # a bound on the first stride-2 convolution's output
     return max(candidates)
 
 
@@ -122,7 +122,7 @@ def most_weights(config: ViTConfig) -> int:
     dim, hidden = config.embed_dim, int(config.embed_dim * config.mlp_ratio)
     block = 4 * dim * dim + 2 * dim * hidden + 10 * dim + hidden + config.num_heads  # attention, MLP, norms
     patches = max(SHIFTED_COPIES * config.in_channels * math.prod(config.patch_size) * (dim + 2),  # one convolution
-                  9 * config.in_channels * max(8, dim) + 8 * dim * dim)  # the conv stem's
+                  9 * config.in_channels * max(8, dim) + 20 * max(8, dim) ** 2)  # the conv stems' (hybrid: ~19 D^2)
     width = config.pre_logits or dim
     return (config.depth * block + patches + (config.num_tokens + 4) * dim + dim * config.pre_logits
             + (width + 1) * config.num_classes)

@@ -27,6 +27,7 @@ VARIANTS = {
     "class token (the last block asks with it alone)": tiny_config(),
     "mean pooling, locality attention, conv stem": tiny_config(pooling="mean", locality_attention=True,
                                                                patch_embedding="convstem"),
+    "hybrid stem (the small photo folders' default)": tiny_config(patch_embedding="hybrid", pooling="mean"),
     "shifted patches, 16x24, no qkv bias": tiny_config(image_size=[16, 24], patch_embedding="shifted", qkv_bias=False),
 }
 

@@ -78,7 +78,8 @@ def test_mnist_preset_is_the_documented_architecture():
     dict(pos_embedding="sincos", pooling="mean"),
     dict(patch_embedding="shifted", locality_attention=True),
     dict(patch_embedding="convstem", locality_attention=True),
-], ids=["learned-cls", "sincos-mean", "shifted-locality", "convstem-locality"])
+    dict(patch_embedding="hybrid", locality_attention=True),
+], ids=["learned-cls", "sincos-mean", "shifted-locality", "convstem-locality", "hybrid-locality"])
 def test_non_square_images_and_patches(options):
     # 24x40 image, 4x8 patches: a 6x5 grid, 30 patches, 31 tokens.
     model = VisionTransformer(**tiny_config(image_size=[24, 40], patch_size=(4, 8), **options)).eval()
@@ -159,12 +160,14 @@ PARITY_OPTIONS = [
     dict(patch_embedding="shifted"),
     dict(patch_embedding="shifted", locality_attention=True, pooling="mean", pos_embedding="sincos"),
     dict(patch_embedding="convstem", locality_attention=True),
+    dict(patch_embedding="hybrid", locality_attention=True, pooling="mean"),
     dict(dropout=0.3, attention_dropout=0.3, drop_path=0.3),  # all inactive in eval mode
 ]
 
 
 @pytest.mark.parametrize("options", PARITY_OPTIONS, ids=[
-    "plain", "locality", "shifted", "shifted-locality-mean-sincos", "convstem-locality", "dropouts"])
+    "plain", "locality", "shifted", "shifted-locality-mean-sincos", "convstem-locality", "hybrid-locality-mean",
+    "dropouts"])
 def test_fused_and_explicit_attention_give_the_same_logits(options):
     model = randomized(VisionTransformer(**tiny_config(**options)))
     pixels = images(4, 3, 16, 16)
@@ -376,6 +379,17 @@ def test_conv_stem_halves_the_image_down_to_the_patch_grid():
     assert tokens.shape == (2, 4 * 4, 16)
 
 
+def test_hybrid_stem_is_twice_as_wide_with_a_second_convolution_at_each_resolution():
+    def convolutions(patch_embedding):
+        model = VisionTransformer(**tiny_config(image_size=64, patch_size=8, embed_dim=64,
+                                                patch_embedding=patch_embedding))
+        return [(layer.out_channels, layer.stride[0]) for layer in model.patch_embedding.convolutions
+                if isinstance(layer, torch.nn.Conv2d)]
+
+    assert convolutions("convstem") == [(8, 2), (16, 2), (32, 2)]
+    assert convolutions("hybrid") == [(16, 2), (16, 1), (32, 2), (32, 1), (64, 2), (64, 1)]
+
+
 def test_shifted_patches_move_half_a_patch_towards_each_corner():
     embedding = PatchEmbedding(in_channels=1, embed_dim=8, patch_size=[4, 8], shifted=True)
     image = torch.zeros(1, 1, 8, 16)
@@ -456,7 +470,8 @@ def test_training_mode_is_random_only_where_asked():
     dict(),
     dict(pos_embedding="sincos", pooling="mean", patch_embedding="shifted", locality_attention=True),
     dict(patch_embedding="convstem"),
-], ids=["plain", "sincos-shifted-locality", "convstem"])
+    dict(patch_embedding="hybrid"),
+], ids=["plain", "sincos-shifted-locality", "convstem", "hybrid"])
 def test_save_then_load_gives_identical_logits(tmp_path, options):
     model = randomized(pretrained.HubVisionTransformer(**tiny_config(image_size=[16, 24], **options)))
     model.save_pretrained(tmp_path)
@@ -616,7 +631,9 @@ def test_wrong_input_says_what_was_expected_and_found(pixels, error, message):
     (dict(embed_dim=10**6), "embed_dim: expected an int from 1 to 16,384, found 1000000"),
     (dict(pos_embedding="rotary"), "pos_embedding: expected one of learned, sincos, got 'rotary'"),
     (dict(pooling="max"), "pooling: expected one of cls, mean, got 'max'"),
-    (dict(patch_embedding="overlap"), "patch_embedding: expected one of conv, shifted, convstem"),
+    (dict(patch_embedding="overlap"), "patch_embedding: expected one of conv, shifted, convstem, hybrid"),
+    (dict(patch_embedding="hybrid", patch_size=[4, 6], image_size=[16, 24]),
+     r"patch_embedding hybrid: expected patch sides that are powers of two .*, got patch_size \[4, 6\]"),
     (dict(patch_embedding="convstem", patch_size=[4, 6], image_size=[16, 24]),
      r"patch_embedding convstem: expected patch sides that are powers of two .*, got patch_size \[4, 6\]"),
     (dict(pixel_norm="per-channel"), "pixel_norm: expected one of dataset, image, got 'per-channel'"),
@@ -669,7 +686,8 @@ def test_derived_sizes():
 
 @pytest.mark.parametrize("num_train, channels, side, expected", [
     (600, 1, 28, dict(image_size=28, patch_size=4, in_channels=1, patch_embedding="convstem", embed_dim=128)),
-    (400, 3, 500, dict(image_size=64, patch_size=8, in_channels=3, locality_attention=True, embed_dim=192)),
+    (400, 3, 500, dict(image_size=64, patch_size=8, in_channels=3, locality_attention=True, embed_dim=192,
+                       patch_embedding="hybrid")),
     (50_000, 3, 32, dict(image_size=32, patch_size=4, embed_dim=192)),
     (500_000, 3, 300, dict(image_size=224, patch_size=16, embed_dim=192, depth=12)),
 ])

@@ -32,8 +32,8 @@ from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
 from vit_hub.errors import DataError
-from vit_hub.model.config import (DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder, preset_fields,
-                                  suggest_for_data)
+from vit_hub.model.config import (CONV_STEMS, DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder,
+                                  preset_fields, suggest_for_data)
 from vit_hub.processing.preprocess import MIN_STD, resize, to_model_domain
 
 GRAY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")  # Pillow modes without colour
@@ -328,7 +328,7 @@ def config_for_data(splits: DataSplits, preset: str | None, overrides: dict[str,
     values.update({key: value for key, value in overrides.items() if value is not None})
     values["labels"] = splits.labels
     chosen_stem = overrides.get("patch_embedding") is None
-    if chosen_stem and values.get("patch_embedding") == "convstem" and not convstem_fits(values.get("patch_size", 16)):
+    if chosen_stem and values.get("patch_embedding") in CONV_STEMS and not convstem_fits(values.get("patch_size", 16)):
         values["patch_embedding"] = "shifted"  # the default stem cannot halve down to this patch size
     if values.get("mean") is None or values.get("std") is None:  # measure what was not given
         probe = ViTConfig.from_dict({**values, "mean": None, "std": None})

@@ -35,7 +35,7 @@ import numpy as np
 from vit_hub.errors import UserError
 from vit_hub.explain.rollout import scale_maps
 from vit_hub.layout import ModelDir
-from vit_hub.model.config import ViTConfig
+from vit_hub.model.config import CONV_STEMS, ViTConfig
 from vit_hub.model.positions import sincos_positions
 
 PATCH_WEIGHT = "patch_embedding.to_tokens.weight"
@@ -58,8 +58,8 @@ class PatchFilters:
 def patch_filters(weights: dict[str, np.ndarray] | None, config: ViTConfig,
                   count: int = SHOWN_COMPONENTS) -> PatchFilters:
     """The first `count` principal components of the linear patch projection's filters."""
-    if config.patch_embedding == "convstem":
-        return PatchFilters(None, None, "this model has a convolutional stem (3x3 stride-2 convolutions with "
+    if config.patch_embedding in CONV_STEMS:
+        return PatchFilters(None, None, "this model has a convolutional stem (3x3 convolutions with "
                             "BatchNorm and ReLU, then a 1x1 projection): no single linear filter per patch, "
                             "so the paper's filter view does not apply")
     if weights is None:

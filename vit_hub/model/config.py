@@ -22,8 +22,10 @@ from vit_hub.model.fields import ConfigError, check_fields, is_int, one_of, read
 POS_EMBEDDINGS = ("learned", "sincos")
 POOLINGS = ("cls", "mean")
 # "shifted" = shifted patch tokenization (Lee et al. 2021); "convstem" = early convolutions
-# (Xiao et al. 2021), for patch sides that are powers of two
-PATCH_EMBEDDINGS = ("conv", "shifted", "convstem")
+# (Xiao et al. 2021) and "hybrid" = a small CNN, the convolutional stems, for patch sides that
+# are powers of two
+CONV_STEMS = ("convstem", "hybrid")
+PATCH_EMBEDDINGS = ("conv", "shifted", *CONV_STEMS)
 CANONICALIZATIONS = ("none", "digit")  # how inputs are brought to the training domain (canonical.py)
 PIXEL_NORMS = ("dataset", "image")  # normalise by the training set's mean/std, or each image's own
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")  # PIL's resampling filters
@@ -70,8 +72,8 @@ def preset_fields(name: str) -> dict[str, Any]:
 
 
 def convstem_fits(patch_size: Any) -> bool:
-    """Whether the convolutional stem can make patches of this size (an int or [height, width]):
-    each of its convolutions halves the image, so every side must be a power of two."""
+    """Whether the convolutional stems can make patches of this size (an int or [height, width]):
+    each of their stride-2 convolutions halves the image, so every side must be a power of two."""
     sides = patch_size if isinstance(patch_size, (list, tuple)) else [patch_size]
     return all(is_int(side) and side > 0 and side & (side - 1) == 0 for side in sides)
 
@@ -130,8 +132,8 @@ class ViTConfig:
         drop_path: stochastic-depth rate of the last block (rates grow linearly from 0).
         pos_embedding: "learned" or fixed 2-D "sincos".
         pooling: "cls" (the class token) or "mean" (mean of patch tokens) feeds the head.
-        patch_embedding: "conv" (ViT), "shifted" (shifted patch tokenization) or "convstem"
-            (early convolutions); the last two are for small data.
+        patch_embedding: "conv" (ViT), "shifted" (shifted patch tokenization), "convstem"
+            (early convolutions) or "hybrid" (a small CNN); all but the first are for small data.
         locality_attention: learnable temperature and no self-token attention (LSA, small data).
         layer_norm_eps: epsilon of every LayerNorm.
         mean, std: per-channel normalisation applied after scaling pixels to [0, 1]
@@ -229,9 +231,9 @@ class ViTConfig:
                              f"{MAX_PATCHES:,} patches, found {size_text(self.grid_size)}")
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.patch_embedding == "convstem" and not convstem_fits(self.patch_size):
-            raise ConfigError(f"patch_embedding convstem: expected patch sides that are powers of two "
-                             f"(each convolution halves the image), got patch_size {self.patch_size}")
+        if self.patch_embedding in CONV_STEMS and not convstem_fits(self.patch_size):
+            raise ConfigError(f"patch_embedding {self.patch_embedding}: expected patch sides that are powers of two "
+                             f"(each stride-2 convolution halves the image), got patch_size {self.patch_size}")
         self._check_labels()
         if min(self.std) <= 0:
             raise ConfigError(f"std: expected positive values, got {self.std}")
@@ -301,7 +303,8 @@ class ViTConfig:
 
 SMALL_DATA_IMAGES = 10_000  # fewer training images than this get the small-data preset
 PHOTO_SIDE = 40  # a median shorter side above this many pixels: photos, not digits or icons
-SMALL_PHOTO_WIDTH = 192  # the small-data preset's width for photos (BENCHMARKS.md, "Real photos over three seeds")
+# The small-data preset's width for photos, with the hybrid stem (BENCHMARKS.md, "Real photos over three seeds")
+SMALL_PHOTO_WIDTH = 192
 
 
 def is_small_photo_folder(num_train: int, median_side: int) -> bool:
@@ -315,9 +318,10 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
     From-scratch ViTs need many images; with few, a wide ViT at 224 px sits at chance.
     So: a resolution near the images' own (at most 64 px under 20k images), an 8x8
     patch grid, and on small data a narrow model with a convolutional stem, locality
-    attention and stochastic depth (the small-data preset), 192 channels wide for photos
-    (2.8 points above 128 on every seed of a real photo folder; vit_hub.train.schedule gives
-    them a lower learning rate too). Photos are standardised per image: with the dataset's
+    attention and stochastic depth (the small-data preset); for photos 192 channels wide
+    (2.8 points above 128 on every seed of a real photo folder) behind the hybrid stem, a small
+    CNN (vit_hub.model.patches.ConvStem; vit_hub.train.schedule gives them a lower learning
+    rate too). Photos are standardised per image: with the dataset's
     statistics a pale set (microscopy) has tiny channel stds, colour jitter moves its inputs by
     several of them, and the model never leaves chance (BENCHMARKS.md, "Stain-shifted cells").
     """
@@ -331,7 +335,7 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
     if num_train < SMALL_DATA_IMAGES:
         values = preset_fields("small-data")
         if is_small_photo_folder(num_train, median_side):
-            values.update(embed_dim=SMALL_PHOTO_WIDTH)
+            values.update(embed_dim=SMALL_PHOTO_WIDTH, patch_embedding="hybrid")
     elif num_train < 100_000:
         values = dict(embed_dim=192, depth=9, num_heads=3, mlp_ratio=2.0, drop_path=0.1)
     else:

@@ -5,6 +5,9 @@
               projection (shifted patch tokenization, Lee et al. 2021: each token sees its neighbours)
     convstem  a few 3x3 convolutions of stride 2 before a 1x1 projection (Xiao et al. 2021:
               early convolutions); for small data
+    hybrid    the same stem twice as wide, with a second 3x3 convolution at each resolution: a
+              small CNN whose feature map is the patch grid (the ViT paper's hybrids); for
+              small photo folders
 
 Each takes [B, C, H, W] pixels and returns tokens [B, N, D], N = (H/p) * (W/p), row by row.
 """
@@ -63,17 +66,26 @@ class ConvStem(nn.Module):
     and not. Patch sides must be powers of two: patch 8 is three halvings.
 
         [B, C, H, W] -> [B, D/8, H/2, W/2] -> [B, D/4, H/4, W/4] -> [B, D/2, H/8, W/8] -> [B, D, H/8, W/8]
+
+    `hybrid=True` makes the stem a small CNN, as in the ViT paper's hybrid models: every
+    resolution is twice as wide and has a second 3x3 convolution (stride 1) after the halving,
+    so each token starts from features of a 43x43-pixel neighbourhood (patch 8) instead of
+    15x15. On a few hundred real photos this is what brings the ViT level with a ResNet-18
+    trained from scratch (BENCHMARKS.md, "Real photos over three seeds").
+
+        [B, C, H, W] -> [B, D/4, H/2, W/2] -> [B, D/2, H/4, W/4] -> [B, D, H/8, W/8] -> [B, D, H/8, W/8]
     """
 
-    def __init__(self, in_channels: int, embed_dim: int, patch_size: list[int]):
+    def __init__(self, in_channels: int, embed_dim: int, patch_size: list[int], hybrid: bool = False):
         super().__init__()
         halvings = max(patch_size).bit_length() - 1
         layers, channels = [], in_channels
         for index in range(halvings):
             stride = tuple(2 if side >> index > 1 else 1 for side in patch_size)  # non-square patches
-            width = max(8, embed_dim >> (halvings - index))
-            layers += [nn.Conv2d(channels, width, 3, stride=stride, padding=1, bias=False),
-                       nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            width = max(8, embed_dim >> (halvings - index - hybrid))
+            layers += _convolution(channels, width, stride)
+            if hybrid:
+                layers += _convolution(width, width, (1, 1))
             channels = width
         self.convolutions = nn.Sequential(*layers)
         self.to_tokens = nn.Conv2d(channels, embed_dim, kernel_size=1)
@@ -81,3 +93,9 @@ class ConvStem(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         tokens = self.to_tokens(self.convolutions(images))  # [B, D, H/p, W/p]
         return tokens.flatten(2).transpose(1, 2)  # [B, N, D]
+
+
+def _convolution(channels: int, width: int, stride: tuple[int, int]) -> list[nn.Module]:
+    """A 3x3 convolution (no bias: BatchNorm follows), BatchNorm, ReLU."""
+    return [nn.Conv2d(channels, width, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True)]

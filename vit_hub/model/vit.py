@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_hub.model.config import ViTConfig
+from vit_hub.model.config import CONV_STEMS, ViTConfig
 from vit_hub.model.patches import ConvStem, PatchEmbedding
 from vit_hub.model.positions import sincos_positions
 
@@ -207,8 +207,9 @@ class VisionTransformer(nn.Module):
         self.config = config
         dim = config.embed_dim
 
-        if config.patch_embedding == "convstem":
-            self.patch_embedding = ConvStem(config.in_channels, dim, config.patch_size)
+        if config.patch_embedding in CONV_STEMS:
+            self.patch_embedding = ConvStem(config.in_channels, dim, config.patch_size,
+                                            hybrid=config.patch_embedding == "hybrid")
         else:
             self.patch_embedding = PatchEmbedding(
                 config.in_channels, dim, config.patch_size, shifted=config.patch_embedding == "shifted"
