@@ -21,9 +21,9 @@ from vit_hub.model.fields import ConfigError, check_fields, is_int, one_of, read
 
 POS_EMBEDDINGS = ("learned", "sincos")
 POOLINGS = ("cls", "mean")
-# "shifted" = shifted patch tokenization (Lee et al. 2021); "convstem" = early convolutions
-# (Xiao et al. 2021) and "hybrid" = a small CNN, the convolutional stems, for patch sides that
-# are powers of two
+# "shifted" = shifted patch tokenization (Lee et al. 2021). The convolutional stems, for patch
+# sides that are powers of two: "convstem" = early convolutions (Xiao et al. 2021), "hybrid" =
+# the same twice as wide with a second convolution at each resolution (a small CNN)
 CONV_STEMS = ("convstem", "hybrid")
 PATCH_EMBEDDINGS = ("conv", "shifted", *CONV_STEMS)
 CANONICALIZATIONS = ("none", "digit")  # how inputs are brought to the training domain (canonical.py)
@@ -318,10 +318,10 @@ def suggest_for_data(num_train: int, channels: int, median_side: int) -> dict[st
     From-scratch ViTs need many images; with few, a wide ViT at 224 px sits at chance.
     So: a resolution near the images' own (at most 64 px under 20k images), an 8x8
     patch grid, and on small data a narrow model with a convolutional stem, locality
-    attention and stochastic depth (the small-data preset); for photos 192 channels wide
-    (2.8 points above 128 on every seed of a real photo folder) behind the hybrid stem, a small
-    CNN (vit_hub.model.patches.ConvStem; vit_hub.train.schedule gives them a lower learning
-    rate too). Photos are standardised per image: with the dataset's
+    attention and stochastic depth (the small-data preset); for photos, 192 channels wide (2.8
+    points above 128 on every seed of a real photo folder) behind the hybrid stem, a small CNN
+    (3.2 points more; vit_hub.model.patches.ConvStem), at a lower learning rate
+    (vit_hub.train.schedule). Photos are standardised per image: with the dataset's
     statistics a pale set (microscopy) has tiny channel stds, colour jitter moves its inputs by
     several of them, and the model never leaves chance (BENCHMARKS.md, "Stain-shifted cells").
     """

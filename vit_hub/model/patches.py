@@ -82,7 +82,7 @@ class ConvStem(nn.Module):
         layers, channels = [], in_channels
         for index in range(halvings):
             stride = tuple(2 if side >> index > 1 else 1 for side in patch_size)  # non-square patches
-            width = max(8, embed_dim >> (halvings - index - hybrid))
+            width = max(8, embed_dim >> (halvings - index - int(hybrid)))  # hybrid: twice as wide
             layers += _convolution(channels, width, stride)
             if hybrid:
                 layers += _convolution(width, width, (1, 1))
