@@ -685,9 +685,10 @@ def test_derived_sizes():
 
 
 @pytest.mark.parametrize("num_train, channels, side, expected", [
-    (600, 1, 28, dict(image_size=28, patch_size=4, in_channels=1, patch_embedding="convstem", embed_dim=128)),
+    (600, 1, 28, dict(image_size=28, patch_size=4, in_channels=1, patch_embedding="convstem", embed_dim=128,
+                      dropout=0.1, drop_path=0.1)),
     (400, 3, 500, dict(image_size=64, patch_size=8, in_channels=3, locality_attention=True, embed_dim=192,
-                       patch_embedding="hybrid")),
+                       patch_embedding="hybrid", dropout=0.0, drop_path=0.1)),
     (50_000, 3, 32, dict(image_size=32, patch_size=4, embed_dim=192)),
     (500_000, 3, 300, dict(image_size=224, patch_size=16, embed_dim=192, depth=12)),
 ])
