@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -243,6 +244,22 @@ def test_export_imports_from_a_checkout_without_the_editable_install():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(REPO / "export" / "runtime.py"), "vit_hub.export.runtime"]
+
+
+
+def test_a_second_checkout_runs_its_own_export_code(tmp_path):
+    """With this checkout installed editable, another clone first on the path imports its own
+    vit_hub *and* its own export/: edits there must not silently run this checkout's code."""
+    clone = tmp_path / "clone"
+    shutil.copytree(REPO / "vit_hub", clone / "vit_hub", ignore=shutil.ignore_patterns("bundled", "__pycache__"))
+    shutil.copytree(REPO / "export", clone / "export", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", clone)
+    script = "import vit_hub, vit_hub.export.runtime as runtime; print(vit_hub.__file__); print(runtime.__file__)"
+    environment = {**os.environ, "PYTHONPATH": str(clone)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=clone,
+                            env=environment, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(clone / "vit_hub" / "__init__.py"), str(clone / "export" / "runtime.py")]
 
 
 # The runtime ---------------------------------------------------------------------------

@@ -32,13 +32,19 @@ def __getattr__(name: str):
 
 
 def _export_from_the_checkout() -> None:
-    """Make `vit_hub.export` importable where this package runs from a source checkout with no
-    install mapping it (a plain `pip install .`, then `python app.py` in the checkout). Its
-    sources are the checkout's top-level export/ folder, which an install maps into this
-    package (pyproject.toml): a top-level `export` would collide in users' environments."""
-    name, folder = f"{__name__}.export", Path(__file__).resolve().parent.parent / "export"
-    if not (folder / "__init__.py").is_file() or importlib.util.find_spec(name) is not None:
-        return  # an install, or a checkout whose editable install maps the folder
+    """Make `vit_hub.export` the export/ folder of the checkout this package was imported from.
+    An install copies that folder into the package (pyproject.toml maps it: a top-level `export`
+    would collide in users' environments); in a checkout, the folder sits beside the package.
+    An editable install elsewhere maps `vit_hub.export` to *its* checkout, so the mapping is made
+    here whenever the package runs from a checkout: a second clone first on the path then runs
+    its own export code, never the first clone's."""
+    package = Path(__file__).resolve().parent
+    folder = package.parent / "export"
+    if (package / "export").is_dir() or not (folder / "__init__.py").is_file():
+        return  # an install (export/ copied inside), or no checkout around this package
+    if not (package.parent / "pyproject.toml").is_file():
+        return  # an export/ folder beside an installed package belongs to someone else
+    name = f"{__name__}.export"
     spec = importlib.util.spec_from_file_location(name, folder / "__init__.py", submodule_search_locations=[str(folder)])
     sys.modules[name] = globals()["export"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sys.modules[name])
