@@ -12,7 +12,10 @@ Contenders, all on one input already on the GPU, outputs left on the GPU (IO bin
   * ORT float16, fused attention alone: each block's attention one MultiHeadAttention node
     (export/fused_graph.py, step 1), then converted;
   * ORT float16 as shipped: model_fp16.onnx as `export_onnx(..., precision="fp16")` writes it,
-    with ONNX Runtime's transformer fusions written in as well (fused_graph.py, step 2).
+    with ONNX Runtime's transformer fusions written in as well (fused_graph.py, step 2);
+  * the same graph replayed as a CUDA graph (provider option `enable_cuda_graph`: the first run
+    records every kernel launch of the fixed-shape batch, later runs replay the record in one
+    launch). A graph ONNX Runtime cannot record (a node left on the CPU) is reported, not timed.
 Every contender is timed round after round, interleaved (`timing.time_interleaved`, median per
 call), each call ending when its outputs are ready (ORT's run returns then; torch is
 synchronised). Agreement: each graph's top-1 against torch float32 on the timed batch, and
@@ -47,6 +50,7 @@ from vit_hub.model.config import PRESETS  # noqa: E402
 from vit_hub.model.vit import VisionTransformer  # noqa: E402
 
 SHIPPED = "ort fp16 as shipped (fused + ORT fusions)"
+SHIPPED_CUDA_GRAPH = "ort fp16 as shipped, CUDA graph replay"
 EVAL_LIMIT = 256  # real images for the export's own fp16 agreement check (its report)
 
 
@@ -70,9 +74,11 @@ def write_graphs(model: VisionTransformer, folder: Path) -> dict[str, Path]:
             SHIPPED: ExportLayout.for_model(shipped).in_precision(shipped, "fp16")}
 
 
-def ort_call(path: Path, pixels: torch.Tensor, classes: int):
-    """A zero-argument call running the graph on `pixels` (on the GPU) into a GPU output."""
-    session = ort.InferenceSession(str(path), providers=[(CUDA, {"device_id": pixels.device.index or 0})])
+def ort_call(path: Path, pixels: torch.Tensor, classes: int, cuda_graph: bool = False):
+    """A zero-argument call running the graph on `pixels` (on the GPU) into a GPU output; with
+    `cuda_graph`, ONNX Runtime records the launches on the first run and replays them after."""
+    options = {"device_id": pixels.device.index or 0, **({"enable_cuda_graph": "1"} if cuda_graph else {})}
+    session = ort.InferenceSession(str(path), providers=[(CUDA, options)])
     if session.get_providers()[0] != CUDA:
         raise SystemExit(f"{path.name}: the CUDA provider did not start ({session.get_providers()})")
     logits = torch.empty(len(pixels), classes, device=pixels.device)
@@ -101,13 +107,20 @@ def measure(model: VisionTransformer, graphs: dict[str, Path], batch: int, round
     pixels = torch.randn(batch, config.in_channels, *config.image_size, device="cuda", generator=generator)
     calls = {"torch bf16": torch_call(model, pixels, torch.bfloat16), "torch fp32": torch_call(model, pixels, None)}
     calls.update({name: ort_call(path, pixels, config.num_classes) for name, path in graphs.items()})
+    refused = {}
+    try:
+        calls[SHIPPED_CUDA_GRAPH] = ort_call(graphs[SHIPPED], pixels, config.num_classes, cuda_graph=True)
+        calls[SHIPPED_CUDA_GRAPH]()  # the recording run, outside the timing
+    except Exception as error:  # ONNX Runtime refuses graphs it cannot record: say why, time the rest
+        refused[SHIPPED_CUDA_GRAPH] = {"refused": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+        calls.pop(SHIPPED_CUDA_GRAPH, None)
     reference = calls["torch fp32"]().clone()
     results = time_interleaved(calls, rounds=rounds)
     for name, call in calls.items():
         logits = call().float()
         results[name]["top1_agreement_vs_torch_fp32"] = float((logits.argmax(1) == reference.argmax(1)).float().mean())
         results[name]["logits_max_abs_diff"] = float((logits - reference).abs().max())
-    return results
+    return {**results, **refused}
 
 
 def gpu_description() -> str:
@@ -140,12 +153,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{described}; {gpu_description()}")
     print(f"{'contender':40s}" + "".join(f"{f'batch {batch} ms':>16s}" for batch in args.batches) + "  top-1 agreement")
     for name in results[args.batches[0]]:
-        times = "".join(f"{results[batch][name]['wall_ms']:16.3f}" for batch in args.batches)
-        agreement = min(results[batch][name]["top1_agreement_vs_torch_fp32"] for batch in args.batches)
+        rows = [results[batch][name] for batch in args.batches]
+        if any("refused" in row for row in rows):
+            print(f"{name:40s}  refused: {next(row['refused'] for row in rows if 'refused' in row)}")
+            continue
+        times = "".join(f"{row['wall_ms']:16.3f}" for row in rows)
+        agreement = min(row["top1_agreement_vs_torch_fp32"] for row in rows)
         print(f"{name:40s}{times}  {agreement:.4f}")
     for batch in args.batches:
-        ratio = results[batch]["torch bf16"]["wall_ms"] / results[batch][SHIPPED]["wall_ms"]
-        print(f"batch {batch}: shipped fp16 graph {ratio:.2f}x the speed of torch bf16")
+        for name in (SHIPPED, SHIPPED_CUDA_GRAPH):
+            if "wall_ms" in results[batch][name]:
+                ratio = results[batch]["torch bf16"]["wall_ms"] / results[batch][name]["wall_ms"]
+                print(f"batch {batch}: {name} {ratio:.2f}x the speed of torch bf16")
     print("command: python " + shlex.join(["bench/onnx_cuda.py", *(argv if argv is not None else sys.argv[1:])]))
     if args.json:
         args.json.write_text(json.dumps({"model": described, "device": gpu_description(), "results": results}, indent=2))
