@@ -3,7 +3,8 @@ Test accuracy over seeds, on every folder given, for the defaults, the levers me
 and the ResNet-18 reference at the same input size, epochs and batch.
 
     python bench/small_data.py --data DIR [DIR ...] [--seeds 0 1 2] [--rows defaults distilled resnet18]
-                               [--jobs 1] [--device auto] [--epochs N] [--subset N] [--out DIR]
+                               [--jobs 1] [--workers 1] [--device auto] [--epochs N] [--subset N]
+                               [--out DIR] [--runs DIR]
 
 `--data`: folders with train/<class>/ and test/<class>/ (real photo folders such as
 ../shared/photos-dev/catsdogs and ../shared/photos-dev/flowers12, which stay outside the
@@ -12,11 +13,11 @@ px) is written under OUT. `--subset N` trains on a copy of the first N training 
 class (and N/2 test photos), written under OUT: a smoke test, not a measurement.
 
 Every (folder, row, seed) trains once, from scratch, in a child process with
-OMP_NUM_THREADS=1 and one loader worker; `--jobs` of them run at a time (on one GPU they share
-it), the longest first. The seed picks the validation split (a stratified 10 % of train/), the
-initial weights and the augmentation:
-  defaults   `vit-hub train --data DIR --out RUN --seed S` (plus --device, --workers 1 and
-             --epochs when given), the last epoch kept;
+OMP_NUM_THREADS=1 and `--workers` loader workers; `--jobs` of them run at a time (on one GPU
+they share it), those that see the most photos first. The seed picks the validation split (a
+stratified 10 % of train/), the initial weights and the augmentation:
+  defaults   `vit-hub train --data DIR --out RUN --seed S` (plus --device, --workers and
+             --epochs as given), the last epoch kept;
   distilled  the same with `--teacher resnet18`: a ResNet-18 trained beside the ViT on the same
              batches, whose predicted classes the ViT learns with the labels (DeiT's hard
              distillation, vit_hub/train/teacher.py); the teacher's own test accuracy is a row too;
@@ -28,8 +29,9 @@ Every model is scored on the test split twice: as inference runs, and with test-
 mean of an image's logits and its mirror image's; `vit-hub eval --flips`), which costs no
 training.
 
-Prints, and writes to OUT/results.md and OUT/results.json after every finished run (a run cut
-short leaves the tables of the runs done), per folder each row's test accuracy per seed, its
+Prints, and writes to OUT/results.md and OUT/results.json after every finished run (a bench cut
+short leaves the tables of the runs done; each run's log is OUT/FOLDER/ROW-seedS.log, its model
+dir under `--runs`), per folder each row's test accuracy per seed, its
 mean, its spread (max - min, in points) and its mean's distance to the ResNet-18's, then per
 run the validation accuracy, training accuracy and wall time.
 
@@ -60,7 +62,7 @@ from small_cells import generated_cells  # noqa: E402
 
 ROWS = ("defaults", "distilled", "resnet18")
 VIT_FLAGS = {"defaults": [], "distilled": ["--teacher", "resnet18"]}
-COST = {"distilled": 3, "defaults": 2, "resnet18": 1}  # rough step cost, to start the longest runs first
+COST = {"distilled": 1.2, "defaults": 1.0, "resnet18": 1.1}  # rough cost per photo seen, to start the longest first
 VAL_SPLIT = 0.1  # vit-hub train's default, which the ResNet row holds out alike
 
 
@@ -109,20 +111,21 @@ def run_command(row: str, data: Path, out: Path, seed: int, args, budget: dict) 
     if row == "resnet18":
         return [sys.executable, str(BENCH / "shifted.py"), "resnet18", "--data", str(data), "--out", str(out),
                 "--epochs", epochs, "--batch-size", str(budget["batch_size"]),
-                "--image-size", str(budget["image_size"]), "--seed", str(seed), "--workers", "1",
+                "--image-size", str(budget["image_size"]), "--seed", str(seed), "--workers", str(args.workers),
                 "--device", args.device]
     extra = ["--epochs", str(args.epochs)] if args.epochs else []
     return [sys.executable, str(BENCH / "small_data.py"), "vit-run", "--data", str(data), "--out", str(out),
-            "--seed", str(seed), "--workers", "1", "--device", args.device, *extra, *VIT_FLAGS[row]]
+            "--seed", str(seed), "--workers", str(args.workers), "--device", args.device, *extra, *VIT_FLAGS[row]]
 
 
 def run(task: dict, args) -> dict:
-    """Train one (folder, row, seed) from scratch (an old run dir is replaced); its log is RUN.log."""
-    out = task["out"]
+    """Train one (folder, row, seed) from scratch into its run dir (an old one is replaced),
+    logging to OUT/FOLDER/ROW-seedS.log."""
+    out, log = task["out"], task["log"]
     if out.exists():
         shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log = out.with_suffix(".log")
+    for folder in (out.parent, log.parent):
+        folder.mkdir(parents=True, exist_ok=True)
     command = run_command(task["row"], task["data"], out, task["seed"], args, task["budget"])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                                                          os.environ.get("PYTHONPATH")]))}
@@ -164,8 +167,9 @@ def plan(folders: list[Path], args) -> list[dict]:
         for row in [row for row in ROWS if row in args.rows]:
             for seed in args.seeds:
                 tasks.append({"data": data, "row": row, "seed": seed, "budget": budget, "steps": steps,
-                              "out": args.out / data.name / f"{row}-seed{seed}"})
-    tasks.sort(key=lambda task: -task["steps"] * COST[task["row"]])
+                              "photos": steps * budget["batch_size"], "out": args.runs / data.name / f"{row}-seed{seed}",
+                              "log": args.out / data.name / f"{row}-seed{seed}.log"})
+    tasks.sort(key=lambda task: -task["photos"] * COST[task["row"]])
     total = sum(task["steps"] for task in tasks)
     print(f"{len(tasks)} runs, {total} optimizer steps in all (a distilled step trains two networks), "
           f"{args.jobs} at a time", flush=True)
@@ -240,7 +244,7 @@ def machine(args) -> str:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
     return (f"torch {torch.__version__}, {name}, {os.cpu_count()} CPU cores, {args.jobs} runs at a time, "
-            f"one loader worker and OMP_NUM_THREADS=1 each")
+            f"{args.workers} loader worker(s) and OMP_NUM_THREADS=1 each")
 
 
 # The command -----------------------------------------------------------------------------------
@@ -265,11 +269,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     parser.add_argument("--epochs", type=int, help="given to every run (default: the defaults' own choice)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--workers", type=int, default=1, help="loader processes of each run")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N, for every run")
     parser.add_argument("--subset", type=int, metavar="N", help="train on N photos a class (a smoke test)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/vit_hub_small_data"), help="runs, logs and results")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/vit_hub_small_data"), help="results and logs")
+    parser.add_argument("--runs", type=Path, help="the runs' model dirs (default: OUT/runs)")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
+    args.runs = (args.runs or args.out / "runs").resolve()
     return args
 
 
@@ -279,9 +286,9 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     folders = ([path.resolve() for path in args.data] if args.data
-               else [generated_cells(args.out / f"cells{args.train}", args.train, args.test)])
+               else [generated_cells(args.runs / f"cells{args.train}", args.train, args.test)])
     if args.subset:
-        folders = [subset(data, args.out / "subsets", args.subset) for data in folders]
+        folders = [subset(data, args.runs / "subsets", args.subset) for data in folders]
     started = time.perf_counter()
     tasks = plan(folders, args)
     header = f"command: python bench/small_data.py {' '.join(argv)}\n{machine(args)}"

@@ -74,7 +74,8 @@ class Teacher:
         """One optimizer step of the teacher on the batch; returns the classes [B] it predicted
         for it in that step's forward pass."""
         self.network.train()
-        autocast = (torch.autocast(images.device.type, dtype=amp_dtype) if amp_dtype
+        # bf16 autocast as the ViT's step; float16 would need loss scaling, so there it runs in float32
+        autocast = (torch.autocast(images.device.type, dtype=amp_dtype) if amp_dtype == torch.bfloat16
                     else contextlib.nullcontext())
         with autocast:
             logits = self.network(images).logits.float()
