@@ -10,7 +10,7 @@ ViT's second targets. One pass over the data trains both, so a run costs one mor
 step, not a second run. DeiT's separate distillation token is not built: the targets go to the
 ViT's one head (DeiT's "hard distillation" row), so the model, its export and its explanations
 are those of any vit_hub model. The teacher is not saved; its accuracy is reported in
-metrics.json (`teacher`).
+metrics.json (`teacher`). The training loss a run logs is the ViT's, as below.
 
     batch -> teacher step (labels, label smoothing) -> teacher's classes [B]
           -> ViT: (CE(logits, labels, smoothed) + CE(logits, teacher's classes)) / 2
