@@ -43,3 +43,17 @@ def test_the_subset_copies_the_first_photos_of_each_class(tmp_path):
             assert sorted(p.name for p in (copy / split / folder.name).iterdir()) == \
                 sorted(p.name for p in folder.iterdir())[:count]
     assert isinstance(copy, Path) and copy.name == "data-subset3"
+
+
+def test_each_row_runs_its_own_command_on_the_device_and_workers_given(tmp_path):
+    args = small_data.parse_args(["--device", "cuda", "--workers", "2", "--out", str(tmp_path)])
+    budget = {"train": 450, "epochs": 200, "batch_size": 32, "image_size": 64}
+    commands = {row: small_data.run_command(row, tmp_path / "photos", tmp_path / "run", 1, args, budget)
+                for row in small_data.ROWS}
+    for command in commands.values():
+        assert command[command.index("--device") + 1] == "cuda" and command[command.index("--workers") + 1] == "2"
+        assert command[command.index("--seed") + 1] == "1"
+    assert "--teacher" not in commands["defaults"] and "--epochs" not in commands["defaults"]  # the defaults' own
+    assert commands["distilled"][-2:] == ["--teacher", "resnet18"]
+    resnet = commands["resnet18"]
+    assert [resnet[resnet.index(flag) + 1] for flag in ("--epochs", "--batch-size", "--image-size")] == ["200", "32", "64"]
