@@ -136,7 +136,10 @@ def run(task: dict, args) -> dict:
               "seconds": round(time.perf_counter() - started), "log": str(log)}
     if code or not (out / "metrics.json").is_file():
         return {**record, "error": f"exit code {code}; see {log}"}
-    return {**record, **scores(task["row"], out, log)}
+    try:
+        return {**record, **scores(task["row"], out, log)}
+    except (OSError, KeyError, ValueError, RuntimeError) as error:  # one run's files, not the others' runs
+        return {**record, "error": f"unreadable results ({type(error).__name__}: {error}); see {log}"}
 
 
 def scores(row: str, out: Path, log: Path) -> dict:
