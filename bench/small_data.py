@@ -1,31 +1,50 @@
-"""Do the defaults hold up on a small folder, whatever the seed? Test accuracy over several
-seeds, beside a ResNet-18 from scratch at the same input size, epochs and batch.
+"""Do the defaults beat a ResNet-18 from scratch on small real photo folders, whatever the seed?
+Test accuracy over seeds, on every folder given, for the defaults, the levers measured on them
+and the ResNet-18 reference at the same input size, epochs and batch.
 
-    python bench/small_data.py [--data DIR | --train 400 --test 200] [--seeds 0 1 2]
-                               [--rows defaults resnet18] [--epochs N] [--out DIR]
+    python bench/small_data.py --data DIR [DIR ...] [--seeds 0 1 2] [--rows defaults distilled resnet18]
+                               [--jobs 1] [--workers 1] [--device auto] [--epochs N] [--subset N]
+                               [--out DIR] [--runs DIR]
 
-`--data DIR`: a folder with train/<class>/ and test/<class>/ (a real photo folder such as
-../shared/photos-dev/catsdogs, which stays outside the project). Without it, a generated
-two-class "cell" set (`--train` and `--test` photos of 80-140 px; class `parasitized` has a
-few small dark inclusions) is written under OUT.
+`--data`: folders with train/<class>/ and test/<class>/ (real photo folders such as
+../shared/photos-dev/catsdogs and ../shared/photos-dev/flowers12, which stay outside the
+project). Without it, a generated two-class "cell" set (`--train` and `--test` photos of 80-140
+px) is written under OUT. `--subset N` trains on a copy of the first N training photos of each
+class (and N/2 test photos), written under OUT: a smoke test, not a measurement.
 
-Every row trains once per seed, in a child process with OMP_NUM_THREADS=1, one at a time; the
-seed picks the validation split (a stratified 10 % of train/), the initial weights and the
-augmentation:
-  defaults  `vit-hub train --data DIR --out OUT --seed S` and nothing else;
-  naive     a plain ViT (16-px conv patches, ViT-Ti width, no augmentation, no regularisation,
-            no small-data techniques) for the same epochs;
-  resnet18  torchvision's ResNet-18 from scratch (bench-only; bench/shifted.py's row) at the
-            input size, epochs and batch size the defaults chose (same optimizer steps), its
-            best epoch by validation accuracy.
-Prints, and writes to OUT/results.md and OUT/results.json, each row's test accuracy per seed,
-its mean and its spread (max - min), and per seed the validation accuracy and the epoch whose
-weights were kept.
+Every (folder, row, seed) trains once, from scratch, in a child process with
+OMP_NUM_THREADS=1 and `--workers` loader workers; `--jobs` of them run at a time (on one GPU
+they share it), those that see the most photos first. The seed picks the validation split (a
+stratified 10 % of train/), the initial weights and the augmentation:
+  defaults   `vit-hub train --data DIR --out RUN --seed S` (plus --device, --workers and
+             --epochs as given), the last epoch kept;
+  distilled  the same with `--teacher resnet18`: a ResNet-18 trained beside the ViT on the same
+             batches, whose predicted classes the ViT learns with the labels (DeiT's hard
+             distillation, vit_hub/train/teacher.py); the teacher's own test accuracy is a row too;
+  resnet18   torchvision's ResNet-18 from scratch (bench-only: bench/shifted.py's row) at the
+             input size, epochs and batch size the defaults choose for the folder (the same
+             optimizer steps), its best epoch by validation accuracy, as BENCHMARKS.md's
+             reference rows were measured; its last epoch beside it.
+Every model is scored on the test split twice: as inference runs, and with test-time flips (the
+mean of an image's logits and its mirror image's; `vit-hub eval --flips`), which costs no
+training.
+
+Prints, and writes to OUT/results.md and OUT/results.json after every finished run (a bench cut
+short leaves the tables of the runs done; each run's log is OUT/FOLDER/ROW-seedS.log, its model
+dir under `--runs`), per folder each row's test accuracy per seed, its
+mean, its spread (max - min, in points) and its mean's distance to the ResNet-18's, then per
+run the validation accuracy, training accuracy and wall time.
+
+    python bench/small_data.py vit-run ARGS...
+
+is what runs a ViT row in its child: `vit-hub train ARGS...`, then the kept model scored on
+validation and test with and without flips (RUN/flips.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -35,139 +54,255 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
-
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(BENCH)]  # the package, and bench/'s own modules when imported from tests
 from shifted import chosen_budget, default_budget  # noqa: E402  (bench/ is this script's own folder)
+from small_cells import generated_cells  # noqa: E402
 
-ROWS = ("defaults", "naive", "resnet18")
-NAIVE = ["--patch-size", "16", "--image-size", "64", "--embed-dim", "192", "--depth", "12", "--num-heads", "3",
-         "--mlp-ratio", "4", "--patch-embedding", "conv", "--no-locality-attention", "--dropout", "0",
-         "--drop-path", "0", "--augment", "none", "--label-smoothing", "0", "--weight-decay", "0"]
-
-
-# The generated cell set ----------------------------------------------------------------------
-def draw_cell(rng: np.random.Generator, infected: bool) -> Image.Image:
-    size = int(rng.integers(80, 141))
-    background = rng.integers(180, 240, 3)
-    pixels = np.clip(background + rng.normal(0, 12, (size, size, 3)), 0, 255).astype(np.uint8)
-    image = Image.fromarray(pixels)
-    draw = ImageDraw.Draw(image)
-    radius_x, radius_y = size * rng.uniform(0.25, 0.4), size * rng.uniform(0.25, 0.4)
-    centre = size / 2 + rng.uniform(-0.1, 0.1, 2) * size
-    colour = tuple(int(c) for c in rng.integers([170, 90, 120], [230, 150, 190]))
-    box = [centre[0] - radius_x, centre[1] - radius_y, centre[0] + radius_x, centre[1] + radius_y]
-    draw.ellipse(box, fill=colour, outline=tuple(max(0, c - 40) for c in colour), width=2)
-    if infected:
-        for _ in range(int(rng.integers(1, 4))):
-            angle, distance = rng.uniform(0, 2 * np.pi), rng.uniform(0, 0.6)
-            x = centre[0] + np.cos(angle) * distance * radius_x
-            y = centre[1] + np.sin(angle) * distance * radius_y
-            dot = size * rng.uniform(0.04, 0.07)
-            draw.ellipse([x - dot, y - dot, x + dot, y + dot], fill=tuple(int(c) for c in rng.integers(40, 90, 3)))
-    return image.filter(ImageFilter.GaussianBlur(rng.uniform(0.3, 1.2)))
+ROWS = ("defaults", "distilled", "resnet18")
+VIT_FLAGS = {"defaults": [], "distilled": ["--teacher", "resnet18"]}
+COST = {"distilled": 1.2, "defaults": 1.0, "resnet18": 1.1}  # rough cost per photo seen, to start the longest first
+VAL_SPLIT = 0.1  # vit-hub train's default, which the ResNet row holds out alike
 
 
-def make_split(root: Path, count: int, rng: np.random.Generator) -> None:
-    for index in range(count):
-        label = "parasitized" if index % 2 else "uninfected"
-        (root / label).mkdir(parents=True, exist_ok=True)
-        draw_cell(rng, index % 2 == 1).save(root / label / f"{index:04d}.jpg", quality=90)
+# A ViT row's child: train, then score the kept model with and without flips ---------------------
+def vit_run(argv: list[str]) -> None:
+    """`vit-hub train ARGV`, then RUN/flips.json: the kept model's val and test accuracy, plain
+    and with test-time flips."""
+    from vit_hub.cli import main as vit_hub_main
+
+    code = vit_hub_main(["train", *argv])
+    if code:
+        raise SystemExit(code)
+    parser = argparse.ArgumentParser()
+    for flag in ("--data", "--out", "--seed", "--device"):
+        parser.add_argument(flag)
+    known, _ = parser.parse_known_args(argv)
+    scores = flipped_scores(Path(known.out), known.data, int(known.seed or 0), known.device or "auto")
+    (Path(known.out) / "flips.json").write_text(json.dumps(scores, indent=2) + "\n")
 
 
-def generated_cells(root: Path, train: int, test: int) -> Path:
-    if not root.exists():
-        rng = np.random.default_rng(0)
-        make_split(root / "train", train, rng)
-        make_split(root / "test", test, rng)
-    return root
+def flipped_scores(run: Path, data: str, seed: int, device: str) -> dict:
+    import torch
+
+    from vit_hub.data.batches import EvalTransform, Transformed, make_loader
+    from vit_hub.data.sources import load_splits
+    from vit_hub.hub.pretrained import load_model
+    from vit_hub.train.evaluation import evaluate
+
+    model = load_model(str(run))
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    model.to(device)
+    splits = load_splits(data, None, VAL_SPLIT, seed)
+    scores = {}
+    for name in ("val", "test"):
+        loader = make_loader(Transformed(splits.split(name), EvalTransform(model.config)), 256, shuffle=False,
+                             seed=0, num_workers=0, pin_memory=False)
+        for flips in (False, True):
+            result = evaluate(model, loader, device, model.config.num_classes, flips=flips)
+            scores[name + ("_flips" if flips else "")] = result["accuracy"]
+    return scores
 
 
-# The runs ------------------------------------------------------------------------------------
-def row_command(row: str, data: Path, out: Path, seed: int, epochs: int | None, budget: dict | None) -> list[str]:
-    """The child's command; `budget` is the defaults' epochs, batch and input size for this seed."""
+# The parent: which runs, in which order ---------------------------------------------------------
+def run_command(row: str, data: Path, out: Path, seed: int, args, budget: dict) -> list[str]:
+    epochs = str(args.epochs or budget["epochs"])
     if row == "resnet18":
-        budget = budget or default_budget(data)
         return [sys.executable, str(BENCH / "shifted.py"), "resnet18", "--data", str(data), "--out", str(out),
-                "--epochs", str(epochs or budget["epochs"]), "--batch-size", str(budget["batch_size"]),
-                "--image-size", str(budget["image_size"]), "--seed", str(seed)]
-    flags = (["--epochs", str(epochs)] if epochs else []) + (NAIVE if row == "naive" else [])
-    if row == "naive" and not epochs:
-        flags += ["--epochs", str((budget or default_budget(data))["epochs"])]
-    return [sys.executable, "-m", "vit_hub", "train", "--data", str(data), "--out", str(out), "--seed", str(seed),
-            *flags]
+                "--epochs", epochs, "--batch-size", str(budget["batch_size"]),
+                "--image-size", str(budget["image_size"]), "--seed", str(seed), "--workers", str(args.workers),
+                "--device", args.device]
+    extra = ["--epochs", str(args.epochs)] if args.epochs else []
+    return [sys.executable, str(BENCH / "small_data.py"), "vit-run", "--data", str(data), "--out", str(out),
+            "--seed", str(seed), "--workers", str(args.workers), "--device", args.device, *extra, *VIT_FLAGS[row]]
 
 
-def run(row: str, data: Path, out: Path, seed: int, epochs: int | None, budget: dict | None) -> dict:
-    """Train one row for one seed from scratch (an old run dir is replaced); its log is OUT.log."""
+def run(task: dict, args) -> dict:
+    """Train one (folder, row, seed) from scratch into its run dir (an old one is replaced),
+    logging to OUT/FOLDER/ROW-seedS.log."""
+    out, log = task["out"], task["log"]
     if out.exists():
         shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command, log = row_command(row, data, out, seed, epochs, budget), out.with_suffix(".log")
+    for folder in (out.parent, log.parent):
+        folder.mkdir(parents=True, exist_ok=True)
+    command = run_command(task["row"], task["data"], out, task["seed"], args, task["budget"])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                                         os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
     with open(log, "w") as sink:
-        code = subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=sink,
-                              stderr=subprocess.STDOUT).returncode
-    record = {"row": row, "seed": seed, "seconds": round(time.perf_counter() - started), "log": str(log)}
+        code = subprocess.run(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT).returncode
+    record = {"folder": task["data"].name, "row": task["row"], "seed": task["seed"],
+              "seconds": round(time.perf_counter() - started), "log": str(log)}
     if code or not (out / "metrics.json").is_file():
-        raise SystemExit(f"{row}, seed {seed}: exit code {code}; see {log}")
+        return {**record, "error": f"exit code {code}; see {log}"}
+    try:
+        return {**record, **scores(task["row"], out, log)}
+    except (OSError, KeyError, ValueError, RuntimeError) as error:  # one run's files, not the others' runs
+        return {**record, "error": f"unreadable results ({type(error).__name__}: {error}); see {log}"}
+
+
+def scores(row: str, out: Path, log: Path) -> dict:
+    """Test accuracy (plain and with flips) and what else the tables show, from a finished run."""
     metrics = json.loads((out / "metrics.json").read_text())
-    kept = metrics.get("kept", {}).get("epoch")
-    val = next((r["val_accuracy"] for r in metrics["history"] if r["epoch"] == kept), metrics["best_val_accuracy"])
-    return {**record, "test_accuracy": metrics["final"]["accuracy"], "val_accuracy": val, "kept_epoch": kept,
-            **chosen_budget(out, log)}
+    budget = chosen_budget(out, log)
+    if row == "resnet18":
+        val = metrics["best_val_accuracy"]
+        return {"test": metrics["final"]["accuracy"], "test_flips": metrics["test_flips"],
+                "last_test": metrics["last"]["test"], "last_test_flips": metrics["last"]["test_flips"],
+                "val": val, **budget}
+    flips = json.loads((out / "flips.json").read_text())
+    record = {"test": metrics["final"]["accuracy"], "test_flips": flips["test_flips"], "val": flips["val"],
+              "train": metrics["history"][-1]["train_accuracy"], **budget}
+    if "teacher" in metrics:
+        record["teacher_test"] = metrics["teacher"].get("test")
+    return record
 
 
-def markdown(results: list[dict], seeds: list[int]) -> str:
-    lines = ["| row | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean | spread (max - min) |",
-             "|---|" + "---|" * (len(seeds) + 2)]
-    for row in dict.fromkeys(result["row"] for result in results):
-        tests = [result["test_accuracy"] for result in results if result["row"] == row]
-        lines.append(f"| {row} | " + " | ".join(f"{test:.3f}" for test in tests) +
-                     f" | **{statistics.mean(tests):.3f}** | {max(tests) - min(tests):.3f} |")
-    lines += ["", "| row | seed | val accuracy (kept epoch) | test accuracy | epochs x batch, input | wall time |",
-              "|---|---|---|---|---|---|"]
-    for result in results:
-        kept = f"epoch {result['kept_epoch']}" if result["kept_epoch"] else "best epoch"
-        lines.append(f"| {result['row']} | {result['seed']} | {result['val_accuracy']:.3f} ({kept}) | "
-                     f"{result['test_accuracy']:.3f} | {result['epochs']} x {result['batch_size']}, "
-                     f"{result['image_size']} px | {result['seconds']} s |")
-    return "\n".join(lines)
+def plan(folders: list[Path], args) -> list[dict]:
+    """Every (folder, row, seed), each with the defaults' budget for its folder, longest first."""
+    tasks = []
+    for data in folders:
+        budget = default_budget(data)
+        steps = (args.epochs or budget["epochs"]) * max(1, budget["train"] // budget["batch_size"])
+        print(f"{data.name}: {budget['train']} training photos; {args.epochs or budget['epochs']} epochs x batch "
+              f"{budget['batch_size']} at {budget['image_size']} px = {steps} steps a run", flush=True)
+        for row in [row for row in ROWS if row in args.rows]:
+            for seed in args.seeds:
+                tasks.append({"data": data, "row": row, "seed": seed, "budget": budget, "steps": steps,
+                              "photos": steps * budget["batch_size"], "out": args.runs / data.name / f"{row}-seed{seed}",
+                              "log": args.out / data.name / f"{row}-seed{seed}.log"})
+    tasks.sort(key=lambda task: -task["photos"] * COST[task["row"]])
+    total = sum(task["steps"] for task in tasks)
+    print(f"{len(tasks)} runs, {total} optimizer steps in all (a distilled step trains two networks), "
+          f"{args.jobs} at a time", flush=True)
+    return tasks
 
 
-def main(argv: list[str]) -> None:
+# The tables ------------------------------------------------------------------------------------
+TABLE_ROWS = (  # (label, run row, record key)
+    ("ViT defaults", "defaults", "test"),
+    ("ViT defaults, test-time flips", "defaults", "test_flips"),
+    ("ViT `--teacher resnet18` (distilled)", "distilled", "test"),
+    ("ViT `--teacher resnet18`, test-time flips", "distilled", "test_flips"),
+    ("its teacher, the ResNet-18 trained beside it (last epoch)", "distilled", "teacher_test"),
+    ("**ResNet-18 reference** (best validation epoch)", "resnet18", "test"),
+    ("ResNet-18 reference, test-time flips", "resnet18", "test_flips"),
+    ("ResNet-18 reference, last epoch", "resnet18", "last_test"),
+)
+REFERENCE = ("resnet18", "test")
+
+
+def row_values(results: list[dict], folder: str, row: str, key: str, seeds: list[int]) -> list[float | None]:
+    found = {r["seed"]: r.get(key) for r in results if r["folder"] == folder and r["row"] == row and "error" not in r}
+    return [found.get(seed) for seed in seeds]
+
+
+def folder_table(results: list[dict], folder: str, seeds: list[int]) -> list[str]:
+    reference = [v for v in row_values(results, folder, *REFERENCE, seeds) if v is not None]
+    lines = [f"**{folder}** (test accuracy)", "",
+             "| row | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean | spread (points) | mean - ResNet-18's (points) |",
+             "|---|" + "---|" * (len(seeds) + 3)]
+    for label, row, key in TABLE_ROWS:
+        values = row_values(results, folder, row, key, seeds)
+        done = [v for v in values if v is not None]
+        if not done:
+            continue
+        mean = statistics.mean(done)
+        gap = f"{100 * (mean - statistics.mean(reference)):+.1f}" if reference and len(done) == len(reference) else ""
+        lines.append(f"| {label} | " + " | ".join("" if v is None else f"{v:.3f}" for v in values) +
+                     f" | **{mean:.3f}** | {100 * (max(done) - min(done)):.1f} | {gap} |")
+    return lines
+
+
+def detail_table(results: list[dict]) -> list[str]:
+    lines = ["| folder | row | seed | val | train, last epoch | test | test, flips | epochs x batch, input | wall |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r["folder"], ROWS.index(r["row"]), r["seed"])):
+        if "error" in r:
+            lines.append(f"| {r['folder']} | {r['row']} | {r['seed']} | failed: {r['error']} | | | | | |")
+            continue
+        train = f"{r['train']:.3f}" if "train" in r else ""
+        lines.append(f"| {r['folder']} | {r['row']} | {r['seed']} | {r['val']:.3f} | {train} | {r['test']:.3f} | "
+                     f"{r['test_flips']:.3f} | {r['epochs']} x {r['batch_size']}, {r['image_size']} px | "
+                     f"{r['seconds']} s |")
+    return lines
+
+
+def write_results(results: list[dict], folders: list[Path], args, header: str) -> str:
+    lines = [header, ""]
+    for data in folders:
+        lines += folder_table(results, data.name, args.seeds) + [""]
+    lines += detail_table(results)
+    text = "\n".join(lines) + "\n"
+    (args.out / "results.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps({"command": sys.argv[1:], "header": header,
+                                                       "results": results}, indent=2) + "\n")
+    return text
+
+
+def machine(args) -> str:
+    import torch
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
+    return (f"torch {torch.__version__}, {name}, {os.cpu_count()} CPU cores, {args.jobs} runs at a time, "
+            f"{args.workers} loader worker(s) and OMP_NUM_THREADS=1 each")
+
+
+# The command -----------------------------------------------------------------------------------
+def subset(data: Path, out: Path, per_class: int) -> Path:
+    """A copy of `data` with the first `per_class` training photos of each class and half as many test photos."""
+    copy = out / f"{data.name}-subset{per_class}"
+    if not copy.exists():
+        for split, count in (("train", per_class), ("test", max(1, per_class // 2))):
+            for folder in sorted((data / split).iterdir()):
+                (copy / split / folder.name).mkdir(parents=True)
+                for path in sorted(folder.iterdir())[:count]:
+                    shutil.copyfile(path, copy / split / folder.name / path.name)
+    return copy
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, help="folder with train/ and test/ (default: the generated cells)")
+    parser.add_argument("--data", type=Path, nargs="+", help="folders with train/ and test/ (default: generated cells)")
     parser.add_argument("--train", type=int, default=400, help="generated training photos (without --data)")
     parser.add_argument("--test", type=int, default=200, help="generated test photos (without --data)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", choices=ROWS, default=["defaults", "resnet18"])
-    parser.add_argument("--epochs", type=int, help="given to every row (default: the defaults' own choice)")
-    parser.add_argument("--out", type=Path, default=Path("/tmp/vit_hub_small_data"), help="runs, logs and results")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--epochs", type=int, help="given to every run (default: the defaults' own choice)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--workers", type=int, default=1, help="loader processes of each run")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N, for every run")
+    parser.add_argument("--subset", type=int, metavar="N", help="train on N photos a class (a smoke test)")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/vit_hub_small_data"), help="results and logs")
+    parser.add_argument("--runs", type=Path, help="the runs' model dirs (default: OUT/runs)")
     args = parser.parse_args(argv)
-    out = args.out.resolve()
-    data = args.data.resolve() if args.data else generated_cells(out / f"cells{args.train}", args.train, args.test)
-    results = []
-    for seed in args.seeds:
-        budget = None
-        for row in [row for row in ROWS if row in args.rows]:  # defaults first: the others take its budget
-            result = run(row, data, out / f"seed{seed}" / row, seed, args.epochs, budget)
-            if row == "defaults":
-                budget = {key: result[key] for key in ("epochs", "batch_size", "image_size")}
-            results.append(result)
-            print(json.dumps(result), flush=True)
-    results.sort(key=lambda result: (ROWS.index(result["row"]), result["seed"]))
-    header = (f"command: python bench/small_data.py {' '.join(argv)}\n"
-              f"data: {data}; {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}, "
-              f"OMP_NUM_THREADS=1 per run\n")
-    table = markdown(results, args.seeds)
-    (out / "results.md").write_text(header + "\n" + table + "\n")
-    (out / "results.json").write_text(json.dumps({"command": argv, "data": str(data), "results": results},
-                                                 indent=2) + "\n")
-    print("\n" + header + "\n" + table)
+    args.out = args.out.resolve()
+    args.runs = (args.runs or args.out / "runs").resolve()
+    return args
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["vit-run"]:
+        return vit_run(argv[1:])
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    folders = ([path.resolve() for path in args.data] if args.data
+               else [generated_cells(args.runs / f"cells{args.train}", args.train, args.test)])
+    if args.subset:
+        folders = [subset(data, args.runs / "subsets", args.subset) for data in folders]
+    started = time.perf_counter()
+    tasks = plan(folders, args)
+    header = f"command: python bench/small_data.py {' '.join(argv)}\n{machine(args)}"
+    results: list[dict] = []
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for done in concurrent.futures.as_completed([pool.submit(run, task, args) for task in tasks]):
+            results.append(done.result())
+            print(json.dumps(results[-1]), flush=True)
+            write_results(results, folders, args, header + f"\n{len(results)} of {len(tasks)} runs done")
+    wall = f"\nall {len(tasks)} runs in {time.perf_counter() - started:.0f} s"
+    print("\n" + write_results(results, folders, args, header + wall))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import weakref
@@ -542,7 +543,29 @@ def test_digits_are_canonicalised_once_and_augmented_as_if_canonicalised_each_ti
         assert torch.equal(pixels, expected) and label == expected_label and torch.equal(box, expected_box), key
     assert sorted(kept.images.kept) == list(range(len(kept))) and anew.images.kept == {}
     photos = ViTConfig(**tiny_config(in_channels=1, image_size=[28, 28]))
-    assert not batches.SeededAugmentation(splits.train, TrainTransform(photos, "none"), seed=4).images.keep
+    assert batches.SeededAugmentation(splits.train, TrainTransform(photos, "none"), seed=4).images.keep
+
+
+def test_photos_are_read_from_disk_once_and_kept_within_the_budget(split_image_folder, tmp_path):
+    """A photo folder's training images are kept as read: a later epoch gets the same pixels
+    with the files gone. Past the budget, images are read again each time."""
+    shutil.copytree(split_image_folder / "train", tmp_path / "train")
+    train = load_splits(str(tmp_path / "train"), val_split=0.0).train
+    config = ViTConfig(**tiny_config(image_size=[16, 16]))
+    kept = batches.SeededAugmentation(train, TrainTransform(config, "photos"), seed=4)
+    first = [kept[key] for key in range(len(kept))]
+    images = kept.images
+    assert images.keep and sorted(images.kept) == list(range(len(train)))
+    assert images.kept_bytes == sum(pixels.nbytes for pixels, _ in images.kept.values())
+    shutil.rmtree(tmp_path / "train")  # every image now comes from what was kept
+    for key, (pixels, label, box) in enumerate(first):
+        again = kept[key]
+        assert torch.equal(again[0], pixels) and again[1] == label and torch.equal(again[2], box), key
+    budget = batches.DomainImages(load_splits(str(split_image_folder / "train"), val_split=0.0).train, config,
+                                  keep=True, budget=images.kept_bytes // 2)
+    for index in range(len(budget)):
+        budget[index]
+    assert 0 < len(budget.kept) < len(budget) and budget.kept_bytes <= images.kept_bytes // 2
 
 
 def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder):

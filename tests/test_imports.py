@@ -31,9 +31,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "insight": ("insight", "insight.views", "insight.figures", "insight.inspect"),
     "hub": ("", "hub", "hub.weight_checks", "hub.card", "hub.repos", "hub.push_pull", "hub.pretrained", "hub.space",
             "hub.static_space", "hub.key_mapping", "hub.fine_tune", "hub.import_model"),
-    "train": ("train", "train.settings", "train.distributed", "train.schedule", "train.step", "train.checkpoint",
-              "train.loaders", "train.evaluation", "train.report", "train.calibration", "train.loop", "train.run",
-              "train.sweep"),
+    "train": ("train", "train.settings", "train.distributed", "train.schedule", "train.evaluation", "train.teacher",
+              "train.step", "train.checkpoint", "train.loaders", "train.report", "train.calibration", "train.loop",
+              "train.run", "train.sweep"),
     "export": (
         "export", "export.__main__", "export.evalset", "export.exporter", "export.fused_graph", "export.graph_check", "export.half",
         "export.on_demand", "export.export_model", "export.quantize", "export.runtime", "export.session",

@@ -1,0 +1,59 @@
+"""bench/small_data.py's table (mean, spread and distance to the ResNet-18 per folder) and its
+smoke-test subset of a folder; the runs themselves are the benchmark, not a test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import small_data
+from conftest import write_class_folders
+
+
+def record(folder: str, row: str, seed: int, test: float, **extra) -> dict:
+    return {"folder": folder, "row": row, "seed": seed, "test": test, "test_flips": test + 0.01, **extra}
+
+
+def test_the_table_gives_each_rows_mean_spread_and_distance_to_the_resnet():
+    results = [record("photos", "defaults", 0, 0.70), record("photos", "defaults", 1, 0.76),
+               record("photos", "resnet18", 0, 0.72, last_test=0.7), record("photos", "resnet18", 1, 0.74, last_test=0.7),
+               {"folder": "photos", "row": "distilled", "seed": 0, "error": "exit code 1"}]
+    lines = small_data.folder_table(results, "photos", [0, 1])
+    defaults = next(line for line in lines if line.startswith("| ViT defaults |"))
+    assert defaults == "| ViT defaults | 0.700 | 0.760 | **0.730** | 6.0 | +0.0 |"
+    flipped = next(line for line in lines if line.startswith("| ViT defaults, test-time flips |"))
+    assert flipped.endswith("| **0.740** | 6.0 | +1.0 |")
+    assert not any("teacher resnet18" in line for line in lines)  # a failed run leaves no row
+    detail = "\n".join(small_data.detail_table([results[-1]]))
+    assert "failed: exit code 1" in detail
+
+
+def test_a_partial_row_shows_its_seeds_but_no_distance(tmp_path):
+    results = [record("photos", "defaults", 0, 0.70), record("photos", "resnet18", 0, 0.72),
+               record("photos", "resnet18", 1, 0.74)]
+    row = next(line for line in small_data.folder_table(results, "photos", [0, 1]) if line.startswith("| ViT defaults |"))
+    assert row == "| ViT defaults | 0.700 |  | **0.700** | 0.0 |  |"
+
+
+def test_the_subset_copies_the_first_photos_of_each_class(tmp_path):
+    for split, count in (("train", 6), ("test", 4)):
+        write_class_folders(tmp_path / "data" / split, per_class=count, seed=0)
+    copy = small_data.subset(tmp_path / "data", tmp_path / "out", per_class=3)
+    for split, count in (("train", 3), ("test", 1)):
+        for folder in sorted((tmp_path / "data" / split).iterdir()):
+            assert sorted(p.name for p in (copy / split / folder.name).iterdir()) == \
+                sorted(p.name for p in folder.iterdir())[:count]
+    assert isinstance(copy, Path) and copy.name == "data-subset3"
+
+
+def test_each_row_runs_its_own_command_on_the_device_and_workers_given(tmp_path):
+    args = small_data.parse_args(["--device", "cuda", "--workers", "2", "--out", str(tmp_path)])
+    budget = {"train": 450, "epochs": 200, "batch_size": 32, "image_size": 64}
+    commands = {row: small_data.run_command(row, tmp_path / "photos", tmp_path / "run", 1, args, budget)
+                for row in small_data.ROWS}
+    for command in commands.values():
+        assert command[command.index("--device") + 1] == "cuda" and command[command.index("--workers") + 1] == "2"
+        assert command[command.index("--seed") + 1] == "1"
+    assert "--teacher" not in commands["defaults"] and "--epochs" not in commands["defaults"]  # the defaults' own
+    assert commands["distilled"][-2:] == ["--teacher", "resnet18"]
+    resnet = commands["resnet18"]
+    assert [resnet[resnet.index(flag) + 1] for flag in ("--epochs", "--batch-size", "--image-size")] == ["200", "32", "64"]
