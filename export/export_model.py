@@ -42,14 +42,14 @@ from vit_hub.model.config import ViTConfig
 from vit_hub.storage import write_text_atomically
 
 from .evalset import EvalSet, check_labels, first_images, first_uploads, load_eval_set
-from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
+from .exporter import check_export_options, write_graph
 from .fused_graph import ort_fusions, ort_operators
 from .graph_check import WEIGHTS_SHA256, weights_sha256
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
-from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
-from .session import PRECISIONS
+from .options import DEFAULT_EXPORTER, DEFAULT_OPSET, PRECISIONS, QUANTIZATIONS
+from .quantize import measure_int8, quantize_int8
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
 
 # Real images for parity when no --calib-data is given: the bundled MNIST test split,

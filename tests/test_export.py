@@ -24,6 +24,7 @@ from torch import nn
 from conftest import tiny_config, train_tiny
 from vit_hub.export import (OnnxClassifier, ProviderFallbackError, VerificationError, ensure_graphs, export_onnx,
                             open_exporting)
+from vit_hub import cli
 from vit_hub.export.__main__ import main as cli_main
 from vit_hub.export.exporter import write_graph
 from vit_hub.export.session import CPU, CUDA, CUDA_OPTIONS
@@ -35,6 +36,7 @@ from vit_hub.processing.postprocess import softmax, top_k
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
+EXPORT_COMMANDS = {"python -m vit_hub.export": cli_main, "vit-hub export": lambda argv: cli.main(["export", *argv])}
 
 
 # Weights that make the parity tests see how each GELU is computed. At the ViT init (std 0.02)
@@ -641,14 +643,37 @@ def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_imag
     (["--opset", "99"], "opsets 17-20"),
     (["--quantize", "int8"], "do not match the model's"),
 ])
-def test_cli_errors_are_one_line_with_exit_code_2(tiny, tmp_path, capsys, monkeypatch, argv, message):
+@pytest.mark.parametrize("command", ["python -m vit_hub.export", "vit-hub export"])
+def test_cli_errors_are_one_line_with_exit_code_2(tiny, tmp_path, capsys, monkeypatch, argv, message, command):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     base = ["--model", str(tiny[0]), "--out", str(tmp_path / "out")]
-    assert cli_main(base + argv) == 2
+    assert EXPORT_COMMANDS[command](base + argv) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert "Traceback" not in captured.err
+
+
+def test_vit_hub_export_is_the_same_export_with_the_same_exit_codes(tiny, tmp_path, capsys, monkeypatch):
+    """`vit-hub export` writes what `python -m vit_hub.export` writes and prints the same
+    summary; a graph that fails verification exits 1 from both."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    printed = {}
+    for command, main in EXPORT_COMMANDS.items():
+        out = tmp_path / command.split()[0]
+        assert main(["--model", str(tiny[0]), "--out", str(out)]) == 0
+        printed[command] = capsys.readouterr().out.replace(str(out), "OUT")
+        assert (out / "model.onnx").is_file() and (out / "pipeline.onnx").is_file()
+    assert printed["vit-hub export"] == printed["python -m vit_hub.export"]
+    assert printed["vit-hub export"].strip().splitlines()[-1].startswith("wrote OUT/: model.onnx")
+
+    def failing(*args, **kwargs):
+        raise VerificationError("logits differ by 1 > 1e-05")
+
+    monkeypatch.setattr("vit_hub.export.__main__.export_onnx", failing)
+    for main in EXPORT_COMMANDS.values():
+        assert main(["--model", str(tiny[0]), "--out", str(tmp_path / "failed")]) == 1
+        assert capsys.readouterr().err == "error: logits differ by 1 > 1e-05\n"
 
 
 def test_out_must_be_a_folder_or_an_onnx_path(tiny, tmp_path):
