@@ -29,8 +29,9 @@ def add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=QUANTIZATIONS, help="also write <stem>_int8.onnx (dynamic "
                         "quantization), its accuracy measured on --calib-data (default: none)")
     parser.add_argument("--calib-data", metavar="D",
-                        help="images for real-input parity and int8 accuracy: a folder, mnist or a torchvision "
-                             "name (default: the bundled MNIST test split)")
+                        help="images for real-input parity, fp16 agreement and int8 accuracy: a folder, mnist or a "
+                             "torchvision name (default: the bundled MNIST test split for a digit model, else the "
+                             "model dir's own samples/, without labels)")
     parser.add_argument("--data-root", help="where torchvision datasets named by --calib-data live "
                                             "(default: VIT_HUB_DATA_ROOT, else ./data)")
     parser.add_argument("--eval-limit", type=int, metavar="N",

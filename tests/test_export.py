@@ -29,6 +29,7 @@ from vit_hub.export.__main__ import main as cli_main
 from vit_hub.export.exporter import write_graph
 from vit_hub.export.session import CPU, CUDA, CUDA_OPTIONS
 from vit_hub.export.verify import check_file
+from vit_hub.errors import UserError
 from vit_hub.hub.pretrained import HubVisionTransformer
 from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, ExportLayout
 from vit_hub.model.config import ViTConfig
@@ -674,6 +675,28 @@ def test_vit_hub_export_is_the_same_export_with_the_same_exit_codes(tiny, tmp_pa
     for main in EXPORT_COMMANDS.values():
         assert main(["--model", str(tiny[0]), "--out", str(tmp_path / "failed")]) == 1
         assert capsys.readouterr().err == "error: logits differ by 1 > 1e-05\n"
+
+
+def test_a_photo_model_is_checked_on_its_own_samples_not_on_digits(tiny, tmp_path):
+    """No --calib-data: an RGB model of photos is checked on the samples/ its model dir keeps;
+    with none, the MNIST digits it is still checked on are said not to be its kind of image,
+    and int8 accuracy (which needs labelled images of its classes) asks for --calib-data."""
+    from vit_hub.data.samples import write_samples
+
+    shutil.copytree(tiny[0], tmp_path / "photos")
+    bare = export_onnx(tiny[0], tmp_path / "bare")
+    real_input = json.loads(ExportLayout.for_model(bare).report.read_text())["parity"]["real_input"]
+    assert "mnist (bundled)" in real_input and "not the model's kind of image" in real_input
+
+    rng = np.random.default_rng(0)
+    photos = [(Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)), index % 2) for index in range(9)]
+    write_samples(photos, tiny[1].config.labels, tmp_path / "photos")
+    own = export_onnx(tmp_path / "photos", tmp_path / "own")
+    report = json.loads(ExportLayout.for_model(own).report.read_text())
+    assert report["parity"]["real_input"] == "first 7 images of the model's 9 sample images (samples/)"
+    assert report["pipeline"]["pipeline.onnx"]["failures"] == []  # checked on uploads made of those samples
+    with pytest.raises(UserError, match="the labels of the model's 9 sample images .* pass --calib-data"):
+        export_onnx(tmp_path / "photos", tmp_path / "int8", quantize="int8")
 
 
 def test_out_must_be_a_folder_or_an_onnx_path(tiny, tmp_path):

@@ -136,7 +136,7 @@ def _add_inspect(commands) -> None:
     inspect.add_argument("--model", required=True, help=MODEL_HELP)
     inspect.add_argument("--out", required=True, help=f"folder for the figures and {ModelDir.inspect_report}")
     inspect.add_argument("--data", help=data_help("images to measure attention distances on") +
-                         " (default: the bundled samples, for a digit model)")
+                         " (default: the bundled samples for a digit model, else the model dir's own samples/)")
     inspect.add_argument("--data-root", help=DATA_ROOT_HELP)
     inspect.add_argument("--split", default="val", choices=("train", "val", "test"),
                          help="split of a named dataset (a folder is read whole)")
@@ -304,7 +304,9 @@ def run_inspect(args: argparse.Namespace) -> None:
     from vit_hub.insight.inspect import inspect_model
 
     model = load_model(args.model)
-    written = inspect_model(model, args.out, args.data, args.data_root, args.split, args.samples, args.seed)
+    model_dir = Path(args.model) if Path(args.model).is_dir() else None  # a Hub repo's snapshot keeps no samples
+    written = inspect_model(model, args.out, args.data, args.data_root, args.split, args.samples, args.seed,
+                            model_dir)
     print(f"wrote {', '.join(path.name for path in written)} to {Path(args.out)}")
 
 
