@@ -227,11 +227,12 @@ def test_bad_export_options_are_one_clear_error(tiny, tmp_path, kwargs, message)
 # The package ---------------------------------------------------------------------------
 def test_export_installs_inside_the_vit_hub_namespace():
     """export/ installs as vit_hub.export (a top-level `export` would collide in a user's
-    environment), and the wheel's explicit package list names every subpackage of vit_hub."""
+    environment), and the wheel's explicit package list names every subpackage of vit_hub, and
+    the bundled model's folder as data (vit_hub/bundled/model)."""
     settings = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert settings["package-dir"] == {"vit_hub.export": "export"}
+    assert settings["package-dir"] == {"vit_hub.export": "export", "vit_hub.bundled.model": "models/vit-mnist"}
     subpackages = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "vit_hub").rglob("__init__.py")}
-    assert sorted(settings["packages"]) == sorted(subpackages | {"vit_hub.export"})
+    assert sorted(settings["packages"]) == sorted(subpackages | {"vit_hub.export", "vit_hub.bundled.model"})
     import vit_hub.export
 
     assert Path(vit_hub.export.__file__).parent == REPO / "export"
