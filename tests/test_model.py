@@ -12,8 +12,8 @@ from torch import nn
 
 from conftest import tiny_config
 from vit_hub.hub import pretrained
-from vit_hub.model.config import (DIGIT_LABELS, PHOTO_SIDE, PRESETS, SMALL_DATA_IMAGES, ViTConfig, is_small_photo_folder,
-                                  suggest_for_data)
+from vit_hub.model.config import (DIGIT_LABELS, PHOTO_SIDE, PRESETS, SMALL_DATA_IMAGES, ViTConfig,
+                                  is_small_photo_folder, suggest_for_data)
 from vit_hub.model.patches import PatchEmbedding
 from vit_hub.model.positions import sincos_positions
 from vit_hub.model.vit import Attention, DropPath, VisionTransformer, upgrade_state_dict

@@ -122,7 +122,8 @@ def write_views(views: ModelViews, out: str | Path) -> list[Path]:
 
 # The command and training's views --------------------------------------------------------
 def inspect_model(model: Any, out: str | Path, data: str | None = None, data_root: str | None = None,
-                  split: str = "val", samples: int = 64, seed: int = 0, model_dir: str | Path | None = None) -> list[Path]:
+                  split: str = "val", samples: int = 64, seed: int = 0,
+                  model_dir: str | Path | None = None) -> list[Path]:
     """`vit-hub inspect`: views 1-3 of a loaded torch model, measured on `data` (default:
     `default_data`, the bundled digits or the model dir's own samples), written into `out`."""
     check_out(out)
