@@ -1,7 +1,8 @@
-"""Input pipeline throughput on the CPU: the loader before the current one, the loader now, timm's, and
-the model's own step rate; and start-up time on a 100k-file folder, before and now.
+"""Input pipeline throughput on the CPU: a per-image PIL loader (vit_hub/data.py at a revision
+given), vit_hub's loader, timm's, and the model's own step rate; and start-up time on a
+100k-file folder, the PIL loader's and vit_hub's.
 
-    flock -x /tmp/cpu.lock python bench/input_pipeline.py [--images 1200] [--batch-size 32]
+    flock -x /tmp/cpu.lock python bench/input_pipeline.py --reference REV [--images 1200] [--batch-size 32]
         [--rounds 5] [--batches 4] [--workers 2] [--startup-files 100000] [--work /tmp/vit_hub_input_bench]
 
 Loaders, on one generated folder of 256x256 JPEGs (10 classes) at 224x224 with the default photo
@@ -9,10 +10,11 @@ augmentation (random-resized crop of 50-100 % of the area, horizontal flip, colo
 0.3/0.3/0.3/0.1, RandAugment 2 ops at magnitude 9, random erasing with p 0.25), batches as the
 training step receives them (normalised float32 [B, 3, 224, 224] on the device, here the CPU):
 
-  * before: vit_hub/data.py as of commit 3875729 (read with `git show` into a temporary
-    module): every worker decodes, augments with torchvision's transforms on PIL images,
-    normalises in NumPy and sends float32 tensors.
-  * now: vit_hub.data.augmentation and vit_hub.data.batches: uint8 tensors from the workers, colour jitter as one affine colour map,
+  * PIL per image: vit_hub/data.py at `--reference REV`, a revision of this repository that
+    holds that single module (BENCHMARKS.md names the one measured; read with `git show` into
+    a temporary module): every worker decodes, augments with torchvision's transforms on PIL
+    images, normalises in NumPy and sends float32 tensors.
+  * vit_hub: vit_hub.data.augmentation and vit_hub.data.batches: uint8 tensors from the workers, colour jitter as one affine colour map,
     normalisation and erasing in the step (`ModelInput`).
   * timm: `timm.data.create_loader` with the same crop, flip, RandAugment ('rand-m9-n2'),
     erasing (re_prob 0.25, const) and colour jitter, which timm drops when RandAugment is on
@@ -29,7 +31,8 @@ with per-round ratios. The step row is the vit_hub model of the same input (ViT-
 on random tensors, one thread: what one core must feed.
 
 Start-up: `load_splits` on a folder of `--startup-files` tiny JPEGs (one 16x16 image copied,
-10 classes), before (decodes every file) and now (lists them), warm page cache, alternating.
+10 classes), by the PIL loader (decodes every file) and vit_hub's (lists them), warm page cache,
+alternating.
 """
 
 from __future__ import annotations
@@ -54,28 +57,29 @@ from vit_hub.data import augmentation, batches  # noqa: E402
 from vit_hub.data import sources as vdata  # noqa: E402
 from vit_hub.model.config import ViTConfig  # noqa: E402
 
-BEFORE = "3875729"  # the commit whose loader the current one replaced
+PIL_LOADER = "PIL per image"  # the reference revision's loader, in the tables
+VIT_HUB_LOADER = "vit_hub"
 SIZE = 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def old_data_module():
-    """vit_hub/data.py as of BEFORE, run as the module vit_hub._data_before (its relative imports
-    pointed at today's modules: config, colour and preprocess)."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE}:vit_hub/data.py"], capture_output=True,
+def reference_data_module(revision: str):
+    """vit_hub/data.py at `revision`, run as the module vit_hub._data_reference (its relative
+    imports pointed at this tree's modules: config, colour and preprocess)."""
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{revision}:vit_hub/data.py"], capture_output=True,
                             text=True, check=True).stdout
     for old, new in (("from .colour ", "from vit_hub.data.colour "), ("from .config ", "from vit_hub.model.config "),
                      ("from .preprocess ", "from vit_hub.processing.preprocess ")):
         source = source.replace(old, new)
-    # today's normalize takes channels-first pixels ([..., C, H, W]); the old loader gave it HxWxC
+    # this tree's normalize takes channels-first pixels ([..., C, H, W]); that loader gives it HxWxC
     source = source.replace("preprocess import normalize,", "preprocess import channels_first, normalize,")
     source = source.replace("normalize(np.asarray(image), self.config)",
                             "normalize(channels_first(np.asarray(image)), self.config)")
-    module = types.ModuleType("vit_hub._data_before")
+    module = types.ModuleType("vit_hub._data_reference")
     module.__package__ = "vit_hub"
     module.__file__ = str(REPO / "vit_hub" / "data.py")  # BUNDLED_MNIST: the package folder's bundled/
     sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"{BEFORE}:vit_hub/data.py", "exec"), module.__dict__)
+    exec(compile(source, f"{revision}:vit_hub/data.py", "exec"), module.__dict__)
     return module
 
 
@@ -124,8 +128,8 @@ def config() -> ViTConfig:
 
 
 # Loaders: each returns an iterator factory of float batches as the step receives them ---------------------
-class Before:
-    name = "before (3875729)"
+class PilLoader:
+    name = PIL_LOADER
 
     def __init__(self, old, folder: Path, batch: int, workers: int):
         splits = old.load_splits(str(folder), val_split=0.0)
@@ -140,8 +144,8 @@ class Before:
             yield images
 
 
-class Now:
-    name = "now"
+class VitHubLoader:
+    name = VIT_HUB_LOADER
 
     def __init__(self, folder: Path, batch: int, workers: int):
         splits = vdata.load_splits(str(folder), val_split=0.0)
@@ -224,10 +228,10 @@ def step_rate(batch: int, steps: int) -> tuple[float, float]:
 
 
 def startup(old, folder: Path, rounds: int) -> dict[str, list[float]]:
-    seconds: dict[str, list[float]] = {"before": [], "now": []}
+    seconds: dict[str, list[float]] = {PIL_LOADER: [], VIT_HUB_LOADER: []}
     for round_index in range(rounds):
-        for name in (("before", "now") if round_index % 2 == 0 else ("now", "before")):
-            load = old.load_splits if name == "before" else vdata.load_splits
+        for name in ((PIL_LOADER, VIT_HUB_LOADER) if round_index % 2 == 0 else (VIT_HUB_LOADER, PIL_LOADER)):
+            load = old.load_splits if name == PIL_LOADER else vdata.load_splits
             started = time.perf_counter()
             splits = load(str(folder), val_split=0.1, seed=0)
             seconds[name].append(time.perf_counter() - started)
@@ -237,6 +241,8 @@ def startup(old, folder: Path, rounds: int) -> dict[str, list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reference", required=True, metavar="REV",
+                        help="a revision whose vit_hub/data.py holds the per-image PIL loader")
     parser.add_argument("--images", type=int, default=1200, help="JPEGs in the generated folder")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of every loader")
@@ -252,11 +258,11 @@ def main() -> None:
 
     work = Path(args.work)
     photos = make_photos(work / f"photos_{args.images}", args.images)
-    old = old_data_module()
+    old = reference_data_module(args.reference)
 
     results = {}
     for workers in (0, args.workers):
-        loaders = [Before(old, photos, args.batch_size, workers), Now(photos, args.batch_size, workers),
+        loaders = [PilLoader(old, photos, args.batch_size, workers), VitHubLoader(photos, args.batch_size, workers),
                    Timm(photos, args.batch_size, workers, jitter=True),
                    Timm(photos, args.batch_size, workers, jitter=False)]
         results[workers] = time_loaders(loaders, args.rounds, args.batches, args.batch_size)
@@ -272,7 +278,7 @@ def main() -> None:
     print(f"{args.images} JPEGs of 256x256 at {SIZE}x{SIZE}, batch {args.batch_size}, {args.rounds} rounds of "
           f"{args.batches} batches, medians (min-max)\n")
     print(f"| loader | img/s per core (1 process, 1 thread) | img/s with {args.workers} workers / {cores} cores "
-          f"| per core vs before | per core vs timm (same augmentation) |")
+          f"| per core vs {PIL_LOADER} | per core vs timm (same augmentation) |")
     print("|---|---|---|---|---|")
     single, multi = results[0], results[args.workers]
     timm_name = "timm, colour jitter forced (same augmentation)"
@@ -282,13 +288,14 @@ def main() -> None:
             return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
         print(f"| {name} | {statistics.median(single[name]):.1f} ({min(single[name]):.1f}-{max(single[name]):.1f}) | "
-              f"{statistics.median(multi[name]) / cores:.1f} | {paired('before (3875729)')} | {paired(timm_name)} |")
+              f"{statistics.median(multi[name]) / cores:.1f} | {paired(PIL_LOADER)} | {paired(timm_name)} |")
     print(f"| model step alone (ViT-S/16, batch {args.step_batch}, fp32) | {step_images:.1f} "
           f"({step_gflops:.1f} GFLOP/s achieved; no MFU: a CPU has no single peak) | | | |\n")
-    before, now = statistics.median(starts["before"]), statistics.median(starts["now"])
+    pil, ours = statistics.median(starts[PIL_LOADER]), statistics.median(starts[VIT_HUB_LOADER])
     print(f"start-up, load_splits on {args.startup_files:,} tiny JPEGs (median of {args.startup_rounds}): "
-          f"before {before:.2f} s ({', '.join(f'{s:.2f}' for s in starts['before'])}), "
-          f"now {now:.3f} s ({', '.join(f'{s:.3f}' for s in starts['now'])}): {before / now:.0f}x faster")
+          f"{PIL_LOADER} {pil:.2f} s ({', '.join(f'{s:.2f}' for s in starts[PIL_LOADER])}), "
+          f"{VIT_HUB_LOADER} {ours:.3f} s ({', '.join(f'{s:.3f}' for s in starts[VIT_HUB_LOADER])}): "
+          f"{pil / ours:.0f}x faster")
 
 
 if __name__ == "__main__":

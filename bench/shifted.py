@@ -1,8 +1,8 @@
-"""Validation vs shifted test: vit_hub's defaults against the previous defaults, a naive
-plain ViT and a ResNet-18 from scratch, on the generated sets of bench/shifted_sets.py.
+"""Validation vs shifted test: vit_hub's defaults against the defaults of another revision, a
+naive plain ViT and a ResNet-18 from scratch, on the generated sets of bench/shifted_sets.py.
 
     python bench/shifted.py [--sets cells,shapes_tiny,objects_small,lighting]
-                            [--rows defaults,previous,naive,resnet18] [--scale 1.0]
+                            [--rows defaults,reference,naive,resnet18] [--reference REV] [--scale 1.0]
                             [--epochs N] [--seed 0] [--data-seed 0] [--root DIR] [--out DIR]
 
 Every row trains on a set's train split, selects its best epoch on a seeded, stratified
@@ -10,8 +10,9 @@ Every row trains on a set's train split, selects its best epoch on a seeded, str
 the test split, which comes from a shifted acquisition the training images never show:
   defaults  `vit-hub train --data DIR --out OUT`, nothing else (plus --epochs and --seed
             when given);
-  previous  the same command on the code at commit b6882d2, the defaults before the colour check,
-            run unchanged from a git worktree (created at /tmp/vit_hub_prev if missing);
+  reference the same command on the code at `--reference REV` (a revision of this repository;
+            BENCHMARKS.md names the ones measured), run unchanged from a git worktree (created
+            at /tmp/vit_hub_reference if missing);
   naive     a plain ViT: conv patches, learned positions, no locality attention, no
             dropout or stochastic depth, no augmentation;
   resnet18  torchvision's ResNet-18 from scratch (bench-only, never used by vit_hub) at
@@ -46,9 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from shifted_sets import GENERATORS  # noqa: E402  (bench/ is this script's own folder)
 
-ROWS = ("defaults", "previous", "naive", "resnet18")
-PREVIOUS_COMMIT = "b6882d2"
-PREVIOUS_TREE = Path("/tmp/vit_hub_prev")
+ROWS = ("defaults", "reference", "naive", "resnet18")
+REFERENCE_TREE = Path("/tmp/vit_hub_reference")
 NAIVE_FLAGS = ["--patch-embedding", "conv", "--no-locality-attention", "--pos-embedding", "learned",
                "--drop-path", "0", "--dropout", "0", "--augment", "none"]
 VAL_SPLIT = 0.1  # vit_hub's default --val-split; the ResNet row holds out the same images
@@ -202,17 +202,17 @@ def resnet_main(argv: list[str]) -> None:
 
 
 # Running the rows -------------------------------------------------------------------------------
-def previous_tree() -> Path:
-    """A worktree of the code of the previous defaults (PREVIOUS_COMMIT), made once and then reused."""
-    if not PREVIOUS_TREE.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(PREVIOUS_TREE), PREVIOUS_COMMIT],
+def reference_tree(revision: str) -> Path:
+    """A worktree of the code at `revision`, made once and then reused."""
+    if not REFERENCE_TREE.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(REFERENCE_TREE), revision],
                        check=True, capture_output=True)
-    head = subprocess.run(["git", "-C", str(PREVIOUS_TREE), "rev-parse", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    if not head.startswith(PREVIOUS_COMMIT):
-        raise SystemExit(f"{PREVIOUS_TREE} is at {head[:12]}, expected commit {PREVIOUS_COMMIT}; remove it "
-                         f"(git worktree remove {PREVIOUS_TREE}) and run again")
-    return PREVIOUS_TREE
+    head, wanted = (subprocess.run(["git", "-C", str(tree), "rev-parse", rev], check=True, capture_output=True,
+                                   text=True).stdout.strip() for tree, rev in ((REFERENCE_TREE, "HEAD"), (ROOT, revision)))
+    if head != wanted:
+        raise SystemExit(f"{REFERENCE_TREE} is at {head[:12]}, expected {revision} ({wanted[:12]}); remove it "
+                         f"(git worktree remove {REFERENCE_TREE}) and run again")
+    return REFERENCE_TREE
 
 
 def chosen_budget(run: Path, log: Path) -> dict:
@@ -251,9 +251,9 @@ def row_command(row: str, data: Path, out: Path, args, budget: dict | None) -> t
         return vit_hub_train, ROOT, {}
     if row == "naive":
         return vit_hub_train + NAIVE_FLAGS, ROOT, {}
-    if row == "previous":
-        tree = previous_tree()
-        return vit_hub_train, tree, {"PYTHONPATH": str(tree)}  # the old package shadows this checkout
+    if row == "reference":
+        tree = reference_tree(args.reference)
+        return vit_hub_train, tree, {"PYTHONPATH": str(tree)}  # its package shadows this checkout's
     budget = budget or default_budget(data)
     command = [sys.executable, str(Path(__file__).resolve()), "resnet18", "--data", str(data), "--out", str(out),
                "--epochs", str(args.epochs or budget["epochs"]), "--batch-size", str(budget["batch_size"]),
@@ -300,7 +300,9 @@ def markdown(results: list[dict]) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", default=",".join(GENERATORS), help="comma-separated, from: " + ", ".join(GENERATORS))
-    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated, from: " + ", ".join(ROWS))
+    parser.add_argument("--rows", help="comma-separated, from: " + ", ".join(ROWS) +
+                        " (default: all, reference only with --reference)")
+    parser.add_argument("--reference", metavar="REV", help="the revision the reference row runs")
     parser.add_argument("--scale", type=float, default=1.0, help="share of each set's full image counts")
     parser.add_argument("--epochs", type=int, help="given to every row (default: each recipe's own)")
     parser.add_argument("--seed", type=int, default=0, help="training seed of every row")
@@ -308,6 +310,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--root", type=Path, help="where the sets are generated (default: OUT/data)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/vit_hub_shifted"), help="runs, logs and results")
     args = parser.parse_args(argv)
+    args.rows = args.rows or ",".join(row for row in ROWS if row != "reference" or args.reference)
+    if "reference" in args.rows.split(",") and not args.reference:
+        parser.error("--rows reference: expected --reference REV, the revision to run, got none")
     for option, chosen, known in (("--sets", args.sets, GENERATORS), ("--rows", args.rows, ROWS)):
         unknown = sorted(set(chosen.split(",")) - set(known))
         if unknown:

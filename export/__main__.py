@@ -1,5 +1,6 @@
 """`python -m vit_hub.export --model DIR|REPO_ID --out PATH [--opset N] [--output-attentions]
-[--precision fp16] [--quantize int8] [--calib-data D]`: export, verify, report. Thin: parse, call, print."""
+[--precision fp16] [--quantize int8] [--calib-data D]`: export, verify, report. Thin: parse, call, print.
+`vit-hub export` takes the same flags (`options.py`) and runs `export_and_report`."""
 
 from __future__ import annotations
 
@@ -11,34 +12,13 @@ from vit_hub.console import OneLineErrorParser, run_reporting_errors
 from vit_hub.layout import ExportLayout
 
 from .export_model import export_onnx
-from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
-from .quantize import QUANTIZATIONS
-from .session import PRECISIONS
+from .options import DESCRIPTION, add_export_flags
 from .verify import VerificationError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(prog="python -m vit_hub.export", description=(
-        "Export a vit_hub model to ONNX, verify it against torch and write a report beside it."))
-    parser.add_argument("--model", required=True, help="model dir (config.json + model.safetensors) or Hub repo id")
-    parser.add_argument("--out", required=True, help="folder (gets model.onnx) or a path ending in .onnx")
-    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})")
-    parser.add_argument("--output-attentions", action="store_true",
-                        help="also write <stem>_attentions.onnx with an attentions output (for rollout)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="fp16 also writes float16 copies of the graphs (float32 in and out) for the CUDA "
-                             "provider, verified and measured against fp32 (default fp32)")
-    parser.add_argument("--quantize", choices=QUANTIZATIONS, help="also write <stem>_int8.onnx (dynamic "
-                        "quantization), its accuracy measured on --calib-data (default: none)")
-    parser.add_argument("--calib-data", metavar="D",
-                        help="images for real-input parity and int8 accuracy: a folder, mnist or a torchvision "
-                             "name (default: the bundled MNIST test split)")
-    parser.add_argument("--data-root", help="where torchvision datasets named by --calib-data live "
-                                            "(default: VIT_HUB_DATA_ROOT, else ./data)")
-    parser.add_argument("--eval-limit", type=int, metavar="N",
-                        help="measure int8 accuracy and fp16 agreement on the first N images (default: all)")
-    parser.add_argument("--exporter", choices=EXPORTERS, default=DEFAULT_EXPORTER,
-                        help=f"torch exporter (default {DEFAULT_EXPORTER}: its graph runs faster here)")
+    parser = OneLineErrorParser(prog="python -m vit_hub.export", description=DESCRIPTION)
+    add_export_flags(parser)
     return parser
 
 

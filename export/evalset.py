@@ -1,10 +1,12 @@
 """Images an export is checked on: real inputs for parity and labelled batches for the
 accuracy of a quantized graph. Any `--data` the core accepts (a folder, `mnist`, a
-torchvision name) works; images are preprocessed exactly as the model's config says."""
+torchvision name) works; images are preprocessed exactly as the model's config says. With
+none given, `default_eval_set` picks images that fit the model."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -13,11 +15,15 @@ from torch.utils.data import Dataset, Subset
 
 from vit_hub.data import sources as vdata
 from vit_hub.data.batches import EvalTransform, Transformed, default_workers, make_loader
+from vit_hub.data.samples import fits_bundled_digits, kept_samples
 from vit_hub.errors import UserError
+from vit_hub.layout import ModelDir
 from vit_hub.model.config import ViTConfig
 
 # Below this many images a worker process costs more to start than it saves.
 WORKER_THRESHOLD = 2000
+BUNDLED_DIGITS = "mnist"  # the bundled MNIST, by the name `--data` takes
+NO_LABEL = -1  # a model's sample images carry no label a measurement may use
 
 
 @dataclasses.dataclass
@@ -35,6 +41,25 @@ def load_eval_set(data: str, config: ViTConfig, data_root: str | None = None) ->
     # Files are checked as they are read (an unreadable one is replaced by the next readable
     # image), so no count of them can be known here.
     return EvalSet(dataset, splits.labels, f"{splits.source}, {name} split")
+
+
+def default_eval_set(config: ViTConfig, model_dir: Path | None, data_root: str | None = None) -> EvalSet:
+    """The images an export is checked on when no --calib-data is given: the bundled MNIST test
+    split for a model of digits, else the sample images the model dir keeps (validation images
+    training kept; no labels, so no int8 accuracy), else the bundled MNIST still, for the graphs'
+    parity alone, its description saying it is not the model's kind of image."""
+    if fits_bundled_digits(config):
+        return load_eval_set(BUNDLED_DIGITS, config, data_root)
+    own = kept_samples(model_dir)
+    if own:
+        from vit_hub.processing.preprocess import open_image
+
+        images = [(open_image(path), NO_LABEL) for path in own]  # checked as any image file is
+        return EvalSet(Transformed(images, EvalTransform(config)), [],
+                       f"the model's {len(own)} sample images ({ModelDir.samples}/)")
+    digits = load_eval_set(BUNDLED_DIGITS, config, data_root)
+    return dataclasses.replace(digits, description=f"{digits.description}: not the model's kind of image (no "
+                                                   f"--calib-data given, no {ModelDir.samples}/ in the model dir)")
 
 
 def check_labels(eval_set: EvalSet, config: ViTConfig) -> None:

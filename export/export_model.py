@@ -41,33 +41,32 @@ from vit_hub.layout import GRAPH_LOGITS, ExportLayout
 from vit_hub.model.config import ViTConfig
 from vit_hub.storage import write_text_atomically
 
-from .evalset import EvalSet, check_labels, first_images, first_uploads, load_eval_set
-from .exporter import DEFAULT_EXPORTER, DEFAULT_OPSET, check_export_options, write_graph
+from .evalset import EvalSet, check_labels, default_eval_set, first_images, first_uploads, load_eval_set
+from .exporter import check_export_options, write_graph
 from .fused_graph import ort_fusions, ort_operators
 from .graph_check import WEIGHTS_SHA256, weights_sha256
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
-from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
-from .session import PRECISIONS
+from .options import DEFAULT_EXPORTER, DEFAULT_OPSET, PRECISIONS, QUANTIZATIONS
+from .quantize import measure_int8, quantize_int8
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
 
-# Real images for parity when no --calib-data is given: the bundled MNIST test split,
-# converted to the model's channels and size by its own preprocessing.
-DEFAULT_REAL_DATA = "mnist"
 STAGING_PREFIX = ".export-"  # the staging folder inside the output folder, while an export runs
 
 
-def _resolve_model(model: nn.Module | str | Path) -> tuple[str, nn.Module, str]:
+def _resolve_model(model: nn.Module | str | Path) -> tuple[str, nn.Module, str, Path | None]:
     """(how the report names the model, the model in eval mode, the sha256 of its weights: of
-    its model.safetensors, or of its weights serialised as safetensors for a model in memory)."""
+    its model.safetensors, or of its weights serialised as safetensors for a model in memory,
+    its local folder: None for a model in memory)."""
     if isinstance(model, nn.Module):
         if not isinstance(getattr(model, "config", None), ViTConfig):
             raise TypeError(f"expected a vit_hub VisionTransformer, got {type(model).__name__}")
         weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-        return f"<in-memory {type(model).__name__}>", model.eval(), hashlib.sha256(safetensors.torch.save(weights)).hexdigest()
+        return (f"<in-memory {type(model).__name__}>", model.eval(),
+                hashlib.sha256(safetensors.torch.save(weights)).hexdigest(), None)
     model_dir = resolve_model_dir(model)
-    return str(model), load_model(model_dir), weights_sha256(ExportLayout.for_model(model_dir).weights)
+    return str(model), load_model(model_dir), weights_sha256(ExportLayout.for_model(model_dir).weights), model_dir
 
 
 def tie_to_weights(graph: Path, sha256: str) -> None:
@@ -150,7 +149,7 @@ class ExportOptions:
         exporter: "torchscript" (default, faster graph here) or "dynamo".
         quantize: None or "int8" (dynamic quantization; needs labelled data to be measured).
         calib_data: images (any --data the core accepts) for the real-input parity check and
-            the int8 accuracy; default: the bundled MNIST test split.
+            the int8 accuracy; default: images that fit the model (`evalset.default_eval_set`).
         data_root: where torchvision datasets named by calib_data live.
         eval_limit: measure int8 accuracy (and fp16 agreement) on the first N images only.
         precision: "fp32", or "fp16" to also write float16 copies of the graphs for the CUDA
@@ -192,10 +191,11 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) 
             calib_data, data_root, eval_limit, precision), checked before any work.
     """
     options = ExportOptions(**options)
-    reference, model, weights = _resolve_model(model)
+    reference, model, weights, model_dir = _resolve_model(model)
     layout = ExportLayout.for_output(out)
     layout.folder.mkdir(parents=True, exist_ok=True)
-    eval_set = load_eval_set(options.calib_data or DEFAULT_REAL_DATA, model.config, options.data_root)
+    eval_set = (load_eval_set(options.calib_data, model.config, options.data_root) if options.calib_data
+                else default_eval_set(model.config, model_dir, options.data_root))
     if options.quantize:
         check_labels(eval_set, model.config)  # before any work: int8 accuracy needs the model's classes
     inputs = _parity_inputs(model.config, eval_set)

@@ -27,10 +27,8 @@ from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
 
 from .fused_graph import fused_copy
 from .graph_check import MAX_GRAPH_BYTES, ORT_DOMAIN
+from .options import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
 
-EXPORTERS = ("torchscript", "dynamo")
-DEFAULT_EXPORTER = "torchscript"
-DEFAULT_OPSET = 18
 # Opsets each exporter can write in torch 2.14 (LayerNormalization needs 17, onnxscript 18).
 OPSETS = {"torchscript": range(17, 21), "dynamo": range(18, 24)}
 

@@ -20,7 +20,6 @@ from .evalset import EvalSet, batches, check_labels
 from .runtime import OnnxClassifier
 from .timing import machine_load, time_interleaved
 
-QUANTIZATIONS = ("int8",)
 # The accuracy an int8 graph may lose against the fp32 graph, in percentage points.
 MAX_ACCURACY_DROP_POINTS = 0.3
 EVAL_BATCH_SIZE = 256

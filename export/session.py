@@ -30,6 +30,7 @@ from vit_hub.layout import ExportLayout
 from vit_hub.model.config import ViTConfig
 
 from .graph_check import OnnxModelError, check_graph
+from .options import PRECISIONS
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ CUDA = "CUDAExecutionProvider"
 # HEURISTIC picks convolution algorithms without benchmarking them at start-up.
 CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC"}
 ORT_DEFAULT_LOG_SEVERITY = 2  # warning; onnxruntime offers no getter to save and restore it
-PRECISIONS = ("fp32", "fp16")  # of the exported graphs (fp16: `python -m vit_hub.export --precision fp16`)
 # A failed run raises OnnxModelError with onnxruntime's message: its own log line would repeat it.
 QUIET_RUN = ort.RunOptions()
 QUIET_RUN.log_severity_level = 4

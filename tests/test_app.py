@@ -387,7 +387,18 @@ def test_a_photo_model_gets_its_own_page_not_the_digit_one(tmp_path):
     write_samples([(Image.new("L", (40, 30), 200), 0), (Image.new("L", (40, 30), 20), 1)], ["circle", "square"],
                   model_dir)
     _, examples, _ = _page_parts(page.build_demo(backends.TorchPredictor.load(model_dir, threads=None)))
-    assert [Path(row[0]["path"]).name for row in examples] == ["00_class0.png", "01_class1.png"]
+    assert [Path(row[0]["path"]).name for row in examples] == ["00_circle.png", "01_square.png"]
+
+
+@pytest.mark.parametrize("label, name", [
+    ("golden retriever", "00_golden-retriever.png"), ("../../etc/passwd", "00_etc-passwd.png"),
+    ("a/b\\c:d", "00_a-b-c-d.png"), ("..", "00_class1.png"), ("猫", "00_class1.png"), ("x" * 300, f"00_{'x' * 40}.png"),
+])
+def test_samples_are_named_by_their_label_made_safe_for_a_file_name(label, name, tmp_path):
+    """A label is untrusted text: only letters, digits, '_' and '-' of it reach the file name
+    (and the static page's URL); a label with none of them falls back to the class index."""
+    [written] = write_samples([(Image.new("L", (8, 8), 200), 1)], ["other", label], tmp_path, count=1)
+    assert written == tmp_path / "samples" / name
 
 
 def test_a_digit_model_offers_drawing_and_the_bundled_digits(predictor):

@@ -297,7 +297,7 @@ def test_eval_on_a_folder_of_photos_canonicalises_them(photos, capsys):
 
 
 def test_without_canonicalisation_the_same_photos_fail(photos):
-    """The control: the bundled model on raw photos (what the app did before) is near chance."""
+    """The control: the bundled model on raw photos, canonicalisation off, is near chance."""
     from vit_hub.hub.pretrained import load_model
 
     model = load_model(MODEL_DIR)

@@ -24,10 +24,12 @@ from torch import nn
 from conftest import tiny_config, train_tiny
 from vit_hub.export import (OnnxClassifier, ProviderFallbackError, VerificationError, ensure_graphs, export_onnx,
                             open_exporting)
+from vit_hub import cli
 from vit_hub.export.__main__ import main as cli_main
 from vit_hub.export.exporter import write_graph
 from vit_hub.export.session import CPU, CUDA, CUDA_OPTIONS
 from vit_hub.export.verify import check_file
+from vit_hub.errors import UserError
 from vit_hub.hub.pretrained import HubVisionTransformer
 from vit_hub.layout import GRAPH_INPUT, GRAPH_LOGITS, ExportLayout
 from vit_hub.model.config import ViTConfig
@@ -35,6 +37,7 @@ from vit_hub.processing.postprocess import softmax, top_k
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = REPO / "models" / "vit-mnist"
+EXPORT_COMMANDS = {"python -m vit_hub.export": cli_main, "vit-hub export": lambda argv: cli.main(["export", *argv])}
 
 
 # Weights that make the parity tests see how each GELU is computed. At the ViT init (std 0.02)
@@ -224,11 +227,12 @@ def test_bad_export_options_are_one_clear_error(tiny, tmp_path, kwargs, message)
 # The package ---------------------------------------------------------------------------
 def test_export_installs_inside_the_vit_hub_namespace():
     """export/ installs as vit_hub.export (a top-level `export` would collide in a user's
-    environment), and the wheel's explicit package list names every subpackage of vit_hub."""
+    environment), and the wheel's explicit package list names every subpackage of vit_hub, and
+    the bundled model's folder as data (vit_hub/bundled/model)."""
     settings = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert settings["package-dir"] == {"vit_hub.export": "export"}
+    assert settings["package-dir"] == {"vit_hub.export": "export", "vit_hub.bundled.model": "models/vit-mnist"}
     subpackages = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "vit_hub").rglob("__init__.py")}
-    assert sorted(settings["packages"]) == sorted(subpackages | {"vit_hub.export"})
+    assert sorted(settings["packages"]) == sorted(subpackages | {"vit_hub.export", "vit_hub.bundled.model"})
     import vit_hub.export
 
     assert Path(vit_hub.export.__file__).parent == REPO / "export"
@@ -641,14 +645,59 @@ def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_imag
     (["--opset", "99"], "opsets 17-20"),
     (["--quantize", "int8"], "do not match the model's"),
 ])
-def test_cli_errors_are_one_line_with_exit_code_2(tiny, tmp_path, capsys, monkeypatch, argv, message):
+@pytest.mark.parametrize("command", ["python -m vit_hub.export", "vit-hub export"])
+def test_cli_errors_are_one_line_with_exit_code_2(tiny, tmp_path, capsys, monkeypatch, argv, message, command):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     base = ["--model", str(tiny[0]), "--out", str(tmp_path / "out")]
-    assert cli_main(base + argv) == 2
+    assert EXPORT_COMMANDS[command](base + argv) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert "Traceback" not in captured.err
+
+
+def test_vit_hub_export_is_the_same_export_with_the_same_exit_codes(tiny, tmp_path, capsys, monkeypatch):
+    """`vit-hub export` writes what `python -m vit_hub.export` writes and prints the same
+    summary; a graph that fails verification exits 1 from both."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    printed = {}
+    for command, main in EXPORT_COMMANDS.items():
+        out = tmp_path / command.split()[0]
+        assert main(["--model", str(tiny[0]), "--out", str(out)]) == 0
+        printed[command] = capsys.readouterr().out.replace(str(out), "OUT")
+        assert (out / "model.onnx").is_file() and (out / "pipeline.onnx").is_file()
+    assert printed["vit-hub export"] == printed["python -m vit_hub.export"]
+    assert printed["vit-hub export"].strip().splitlines()[-1].startswith("wrote OUT/: model.onnx")
+
+    def failing(*args, **kwargs):
+        raise VerificationError("logits differ by 1 > 1e-05")
+
+    monkeypatch.setattr("vit_hub.export.__main__.export_onnx", failing)
+    for main in EXPORT_COMMANDS.values():
+        assert main(["--model", str(tiny[0]), "--out", str(tmp_path / "failed")]) == 1
+        assert capsys.readouterr().err == "error: logits differ by 1 > 1e-05\n"
+
+
+def test_a_photo_model_is_checked_on_its_own_samples_not_on_digits(tiny, tmp_path):
+    """No --calib-data: an RGB model of photos is checked on the samples/ its model dir keeps;
+    with none, the MNIST digits it is still checked on are said not to be its kind of image,
+    and int8 accuracy (which needs labelled images of its classes) asks for --calib-data."""
+    from vit_hub.data.samples import write_samples
+
+    shutil.copytree(tiny[0], tmp_path / "photos")
+    bare = export_onnx(tiny[0], tmp_path / "bare")
+    real_input = json.loads(ExportLayout.for_model(bare).report.read_text())["parity"]["real_input"]
+    assert "mnist (bundled)" in real_input and "not the model's kind of image" in real_input
+
+    rng = np.random.default_rng(0)
+    photos = [(Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)), index % 2) for index in range(9)]
+    write_samples(photos, tiny[1].config.labels, tmp_path / "photos")
+    own = export_onnx(tmp_path / "photos", tmp_path / "own")
+    report = json.loads(ExportLayout.for_model(own).report.read_text())
+    assert report["parity"]["real_input"] == "first 7 images of the model's 9 sample images (samples/)"
+    assert report["pipeline"]["pipeline.onnx"]["failures"] == []  # checked on uploads made of those samples
+    with pytest.raises(UserError, match="the labels of the model's 9 sample images .* pass --calib-data"):
+        export_onnx(tmp_path / "photos", tmp_path / "int8", quantize="int8")
 
 
 def test_out_must_be_a_folder_or_an_onnx_path(tiny, tmp_path):

@@ -125,6 +125,18 @@ def test_push_commits_exactly_the_model_files_in_one_commit(hub, model_dir, monk
     assert all(TOKEN.encode() not in content for content in commit.files.values())
 
 
+def test_push_dry_run_lists_the_files_and_reaches_no_hub(hub, model_dir, capsys):
+    """No token, no request: the checks of a push, then the files it would upload."""
+    (model_dir / "model.onnx").write_bytes(b"an ONNX graph")
+    assert main(["push", "--model", str(model_dir), "--repo-id", REPO, "--with-onnx", "--dry-run"]) == 0
+    assert hub.requests == [] and hub.commits == []
+    printed = capsys.readouterr().out
+    listed = printed.splitlines()[0].removeprefix("would push ").rpartition(" to ")[0].split(", ")
+    assert set(listed) == PUSHED | {"model.onnx"} and f"to {REPO}@main" in printed and "--dry-run" in printed
+    (model_dir / "config.json").unlink()
+    assert main(["push", "--model", str(model_dir), "--repo-id", REPO, "--dry-run"]) == 2  # checked as a push is
+
+
 def test_pushed_card_has_parsable_metadata_and_names_the_repo(hub, model_dir):
     push_to_hub(model_dir, REPO, token=TOKEN)
     text = hub.files(REPO)["README.md"].decode()
@@ -159,7 +171,7 @@ def test_with_onnx_adds_model_onnx_and_its_report(hub, model_dir, with_onnx):
 def test_with_onnx_without_model_onnx_names_the_export_command(hub, model_dir):
     from vit_hub.export import export_onnx
 
-    with pytest.raises(HubError, match=r"^--with-onnx: expected model.onnx in .*python -m vit_hub.export --model"):
+    with pytest.raises(HubError, match=r"^--with-onnx: expected model.onnx in .*vit-hub export --model"):
         push_to_hub(model_dir, REPO, token=TOKEN, with_onnx=True)
     assert hub.commits == []
     export_onnx(model_dir, model_dir, output_attentions=True)

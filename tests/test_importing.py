@@ -427,7 +427,7 @@ def test_init_from_a_vit_model_drops_its_pooler(tmp_path):
 
 def test_canonicalisation_is_the_new_data_s_choice_when_fine_tuning():
     """None by default, even from a digit model; `--canonicalize digit` keeps it (the bundled
-    model is fine-tuned that way; before, the run silently trained on raw digits)."""
+    model is fine-tuned that way; without the flag a run from it trains on raw digits)."""
     from vit_hub.hub.fine_tune import fine_tune_config
     from vit_hub.hub.import_model import load_init
 

@@ -35,7 +35,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
               "train.step", "train.checkpoint", "train.loaders", "train.report", "train.calibration", "train.loop",
               "train.run", "train.sweep"),
     "export": (
-        "export", "export.__main__", "export.evalset", "export.exporter", "export.fused_graph", "export.graph_check", "export.half",
+        "export", "export.__main__", "export.options", "export.evalset", "export.exporter", "export.fused_graph",
+        "export.graph_check", "export.half",
         "export.on_demand", "export.export_model", "export.quantize", "export.runtime", "export.session",
         "export.timing", "export.verify",
         "export.graph_builder", "export.graph_numpy", "export.canonical_graph", "export.pipeline_graph",  # pipeline.onnx

@@ -247,7 +247,7 @@ def test_cli_writes_the_figures_and_the_numbers(tmp_path, images, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--data", "NOWHERE"], "--data: expected a folder of images"),
     (["--data", "{images}", "--samples", "0"], "--samples: expected at least one image, got 0"),
-    ([], "inspect: expected --data"),  # no default data for a model that is not a digit model
+    ([], "inspect: expected --data"),  # no default data: not a digit model, and no samples/ of its own
 ])
 def test_cli_bad_input_is_one_line(tmp_path, images, capsys, args, message):
     model_dir = saved(tmp_path)
@@ -255,6 +255,21 @@ def test_cli_bad_input_is_one_line(tmp_path, images, capsys, args, message):
     assert cli_main(["inspect", "--model", str(model_dir), "--out", str(tmp_path / "out"), *args]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error and "Traceback" not in error
+
+
+def test_a_photo_model_without_data_is_measured_on_its_own_samples(tmp_path, capsys):
+    """No --data: a model that is not of digits is measured on the samples/ its model dir keeps
+    (those training wrote), and the app's Inside tab on the same images."""
+    from vit_hub.data.samples import write_samples
+
+    model_dir = saved(tmp_path)  # RGB, labels not digits
+    photos = [(Image.fromarray(np.full((20, 30, 3), 40 * index, np.uint8)), index % 2) for index in range(5)]
+    write_samples(photos, ["cat", "dog"], model_dir)
+    assert cli_main(["inspect", "--model", str(model_dir), "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "inspect.json").read_text())
+    assert report["data"] == "5 of the model's own sample images"
+    views = page.model_views(backends.TorchPredictor.load(model_dir, threads=None))
+    assert views.report()["data"] == "5 of the model's own sample images"
 
 
 def test_card_shows_the_views_with_their_readings(tmp_path, images):

@@ -1,6 +1,6 @@
 """`pip install .`: the commands the docs give work from the installed package alone, run
-outside the checkout, with everything they read installed as package data (the sample digits,
-vit_hub.export's sources for a Space)."""
+outside the checkout, with everything they read installed as package data (the bundled model,
+the sample digits, vit_hub.export's sources for a Space)."""
 
 from __future__ import annotations
 
@@ -24,14 +24,21 @@ def installed(tmp_path_factory) -> Path:
     return target
 
 
+ONLY_THE_INSTALL = ("import sys; sys.path.remove('') if '' in sys.path else None; "  # not the checkout's sources
+                    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]; "
+                    "import vit_hub; assert vit_hub.__file__.startswith(sys.argv[1]), vit_hub.__file__; ")
+
+
 def run_installed(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m ARGS` in `cwd`, importing vit_hub from the install only."""
+    return run_installed_code(installed, cwd, "import runpy; sys.argv = sys.argv[2:]; "
+                              "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)", *args)
+
+
+def run_installed_code(installed: Path, cwd: Path, code: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -c CODE ARGS` in `cwd`, importing vit_hub from the install only."""
     env = {**os.environ, "PYTHONPATH": str(installed), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    code = ("import sys; sys.path.remove('') if '' in sys.path else None; "  # not the checkout's sources
-            "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]; "
-            "import runpy, vit_hub; assert vit_hub.__file__.startswith(sys.argv[1]), vit_hub.__file__; "
-            "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
-    return subprocess.run([sys.executable, "-c", code, str(installed), *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-c", ONLY_THE_INSTALL + code, str(installed), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -50,3 +57,26 @@ def test_space_and_inspect_work_from_an_installed_package(installed, tmp_path):
 
     app = run_installed(installed, tmp_path, "vit_hub.demo", "--help")
     assert app.returncode == 0 and "--model" in app.stdout, app.stderr
+    shown = " ".join(app.stdout.split())
+    assert shown.startswith("usage: python -m vit_hub.demo") and "the bundled MNIST digit model" in shown
+    assert str(installed) not in shown, shown  # no server path in the help
+
+
+@pytest.mark.slow
+def test_the_installed_app_serves_its_bundled_model(installed, tmp_path):
+    """`python -m vit_hub.demo` with no --model loads the model installed with the package (the
+    app's own start-up, short of serving) and names the bundled seven a seven."""
+    sample = installed / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png"
+    code = ("from PIL import Image; from vit_hub.demo.server import parse_args; "
+            "from vit_hub.demo.backends import load_predictor; from vit_hub.demo.page import build_demo; "
+            "from vit_hub.processing.preprocess import preprocess; "
+            "args = parse_args([]); predictor = load_predictor(args.model, args.backend, args.revision); "
+            "build_demo(predictor); config = predictor.config; "
+            "probabilities = predictor.predict(preprocess(Image.open(sys.argv[2]), config)[None])[0]; "
+            "print(args.model, config.labels[int(probabilities[0].argmax())])")
+    loaded = run_installed_code(installed, tmp_path, code, str(sample))
+    assert loaded.returncode == 0, loaded.stderr
+    model, label = loaded.stdout.split()
+    assert Path(model).is_relative_to(installed) and label == "7"
+    shipped = {path.name for path in Path(model).iterdir()}
+    assert shipped == {"config.json", "model.safetensors", "README.md", "faithfulness.json"}  # no ONNX: 1.2 MB

@@ -12,7 +12,8 @@ from torch import nn
 
 from conftest import tiny_config
 from vit_hub.hub import pretrained
-from vit_hub.model.config import DIGIT_LABELS, PRESETS, ViTConfig, suggest_for_data
+from vit_hub.model.config import (DIGIT_LABELS, PHOTO_SIDE, PRESETS, SMALL_DATA_IMAGES, ViTConfig,
+                                  is_small_photo_folder, suggest_for_data)
 from vit_hub.model.patches import PatchEmbedding
 from vit_hub.model.positions import sincos_positions
 from vit_hub.model.vit import Attention, DropPath, VisionTransformer, upgrade_state_dict
@@ -697,3 +698,13 @@ def test_suggested_architecture_fits_the_data_and_builds(num_train, channels, si
     assert {key: values[key] for key in expected} == expected
     config = ViTConfig.from_dict(values)
     assert config.grid_size in ((7, 7), (8, 8), (14, 14))
+
+
+@pytest.mark.parametrize("num_train, side, photos", [
+    (400, PHOTO_SIDE, False), (400, PHOTO_SIDE + 1, True),  # a median side of exactly PHOTO_SIDE: not photos
+    (SMALL_DATA_IMAGES - 1, 200, True), (SMALL_DATA_IMAGES, 200, False),  # SMALL_DATA_IMAGES: not small
+])
+def test_small_photo_folders_start_just_above_the_photo_side_and_below_the_small_data_count(num_train, side, photos):
+    assert is_small_photo_folder(num_train, side) is photos
+    stem = suggest_for_data(num_train, 3, side).get("patch_embedding")
+    assert (stem == "hybrid") is photos

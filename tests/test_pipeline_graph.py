@@ -22,11 +22,12 @@ from vit_hub.export import pipeline_graph
 from vit_hub.export.graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder
 from vit_hub.export.pipeline_graph import (TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels, preprocessing_graph,
                                            run_pipeline)
+from vit_hub.errors import UserError
 from vit_hub.layout import PIPELINE_INPUT
 from vit_hub.model.config import ViTConfig
 from vit_hub.processing.canonical import BLANK_IMAGE, EmptyImageError
 from vit_hub.processing.postprocess import softmax
-from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, preprocess
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, check_pixels, preprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
@@ -141,10 +142,14 @@ def uploads_of_a_digit() -> list[tuple[str, Image.Image]]:
     canvas.paste(Image.new("RGBA", (300, 300), (30, 30, 90, 255)), (700, 200), plain.resize((300, 300)).point(lambda v: 255 * (v > 100)))
     gray_alpha = plain.convert("LA")
     gray_alpha.putalpha(Image.linear_gradient("L").resize(plain.size))
+    tie = Image.new("L", (200, 200), 127)  # a 1 in ink 127 below the paper, a 7 127 above it: light wins a tie
+    ImageDraw.Draw(tie).line([(40, 30), (40, 170)], fill=0, width=10)
+    ImageDraw.Draw(tie).line([(90, 40), (170, 40), (120, 170)], fill=254, width=10)
     return [("MNIST digit", plain), ("photo of paper", photo), ("a ruled line", ruled), ("the desk in the frame", framed),
             ("a hairline on a large canvas", hairline), ("a bold marker", marker), ("a closed-top 4", four),
             ("a speck of dust", specks), ("a transparent canvas", canvas), ("gray with alpha", gray_alpha),
-            ("upside-down colours", ImageOps.invert(photo)), ("RGB sample", Image.open(SAMPLES[3]).convert("RGB"))]
+            ("upside-down colours", ImageOps.invert(photo)), ("RGB sample", Image.open(SAMPLES[3]).convert("RGB")),
+            ("dark and light ink tied", tie)]
 
 
 @pytest.mark.parametrize("name, image", uploads_of_a_digit(), ids=lambda value: value if isinstance(value, str) else "")
@@ -195,6 +200,19 @@ def test_an_image_over_the_upload_limit_is_refused_before_it_is_read(digit_graph
         digit_graph.run(None, {PIPELINE_INPUT: np.zeros((side, side, 1), np.uint8)})
 
 
+def test_the_pixel_limit_counts_a_wide_short_image_by_its_area(digit_graph):
+    """Height times width, not a side squared: a strip of 100 rows just over the limit is
+    refused by both paths, one at the limit is read (and found blank)."""
+    over, at = UPLOAD_MAX_PIXELS // 100 + 1, UPLOAD_MAX_PIXELS // 100
+    with pytest.raises(Exception, match=re.escape(TOO_LARGE)):
+        digit_graph.run(None, {PIPELINE_INPUT: np.zeros((100, over, 1), np.uint8)})
+    with pytest.raises(UserError, match="too large"):
+        check_pixels(over, 100, max_pixels=UPLOAD_MAX_PIXELS)
+    with pytest.raises(Exception, match=re.escape(BLANK_IMAGE)):
+        digit_graph.run(None, {PIPELINE_INPUT: np.zeros((100, at, 1), np.uint8)})
+    check_pixels(at, 100, max_pixels=UPLOAD_MAX_PIXELS)
+
+
 def test_the_python_path_refuses_what_the_graph_refuses():
     with pytest.raises(EmptyImageError):
         preprocess(Image.new("L", (40, 40), 200), DIGIT_CONFIG)
@@ -211,6 +229,30 @@ def test_the_bundled_pipeline_gives_the_python_paths_probabilities_on_the_sample
         got = run_pipeline(session, decoded_pixels(image))
         np.testing.assert_allclose(got, expected, atol=1e-5)
         assert DIGIT_CONFIG.labels[int(got.argmax())] == sample.stem.rsplit("_", 1)[1]
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.5])
+def test_a_written_pipeline_divides_the_logits_by_the_configs_temperature(temperature, tmp_path):
+    """write_pipeline on a tiny photo model: probabilities softmax(logits / T), as the Python
+    path computes them, and not those of T = 1."""
+    import torch
+
+    from conftest import tiny_config
+    from vit_hub.export.exporter import write_graph
+    from vit_hub.hub.pretrained import HubVisionTransformer
+
+    torch.manual_seed(0)
+    model = HubVisionTransformer(**tiny_config(temperature=temperature)).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(40.0)  # logits far apart, so T visibly sharpens or flattens them
+    write_graph(model, tmp_path / "model.onnx", output_attentions=False)
+    pipeline_graph.write_pipeline(tmp_path / "model.onnx", tmp_path / "pipeline.onnx", model.config)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 20, 3), dtype=np.uint8))
+    with torch.no_grad():
+        logits = model(torch.from_numpy(preprocess(image, model.config)[None])).logits.numpy()
+    got = run_pipeline(pipeline_graph.pipeline_session(tmp_path / "pipeline.onnx"), decoded_pixels(image))
+    np.testing.assert_allclose(got, softmax(logits, temperature)[0], atol=1e-5)
+    assert np.abs(got - softmax(logits)[0]).max() > 1e-2
 
 
 @pytest.mark.slow

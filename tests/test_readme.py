@@ -149,7 +149,7 @@ TRAIN = "vit-hub train --data path/to/folder --out runs/my-model"
 AFTER_TRAIN = "vit-hub train --resume --out runs/my-model          # continue (also after Ctrl-C): same result as uninterrupted"
 BUNDLED = ("vit-hub train --data mnist --init models/vit-mnist --canonicalize digit --lr 1e-4 --epochs 6 "
            "--out /tmp/ft/vit-mnist --device cpu --workers 1")  # the bundled card's command
-EXPORT = "python -m vit_hub.export --model models/vit-mnist --out runs/onnx --output-attentions --quantize int8 --calib-data mnist"
+EXPORT = "vit-hub export --model models/vit-mnist --out runs/onnx --output-attentions --quantize int8 --calib-data mnist"
 HUB = "export HF_TOKEN=hf_...            # or `hf auth login`, or --token (a flag is visible to other users)"
 DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same way"
 TWO_MACHINES = "# two machines, 8 GPUs each: run this on both, HOST being the first machine's address, with"

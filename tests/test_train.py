@@ -135,7 +135,7 @@ def test_the_loop_writes_what_training_produces_and_the_run_adds_the_card_and_vi
     assert run.card.is_file() and run.inspect_report.is_file()
     assert all((run.folder / name).is_file() for name in INSPECT_FIGURES)
     kept = sorted(run.samples.glob("*.png"))  # validation images, both classes in turn: the app's examples
-    assert [path.name for path in kept[:2]] == ["00_class0.png", "01_class1.png"] and len(kept) <= 12
+    assert [path.name for path in kept[:2]] == ["00_bright_disc.png", "01_dark_square.png"] and len(kept) <= 12
 
 
 def test_the_loop_is_given_the_pretrained_weights_init_names(split_image_folder, tmp_path):

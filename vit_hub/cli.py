@@ -19,6 +19,7 @@ DESCRIPTION = ("Train a Vision Transformer on a folder of images, evaluate it, p
 EXAMPLES = """examples:
   vit-hub train --data path/to/folder --out runs/my-model      # a model dir: weights, config, card, plots
   vit-hub predict --model runs/my-model photo.jpg --top-k 3    # the top 3 labels of an image
+  vit-hub export --model runs/my-model --out runs/my-model     # ONNX graphs beside the weights, verified
   vit-hub push --model runs/my-model --repo-id you/my-model    # one commit to the Hub (needs HF_TOKEN)
 """
 
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     """`vit-hub` and one subcommand per job; each `_add_*` builds one subcommand's flags."""
     parser = OneLineErrorParser(prog="vit-hub", description=DESCRIPTION, epilog=EXAMPLES)
     commands = parser.add_subparsers(dest="command", required=True)
-    for add_command in (_add_train, _add_eval, _add_predict, _add_info, _add_sweep, _add_inspect, _add_import):
+    for add_command in (_add_train, _add_eval, _add_predict, _add_info, _add_sweep, _add_inspect, _add_import,
+                        _add_export):
         add_command(commands)
     add_hub_commands(commands)
     _add_space(commands)
@@ -137,7 +139,7 @@ def _add_inspect(commands) -> None:
     inspect.add_argument("--model", required=True, help=MODEL_HELP)
     inspect.add_argument("--out", required=True, help=f"folder for the figures and {ModelDir.inspect_report}")
     inspect.add_argument("--data", help=data_help("images to measure attention distances on") +
-                         " (default: the bundled samples, for a digit model)")
+                         " (default: the bundled samples for a digit model, else the model dir's own samples/)")
     inspect.add_argument("--data-root", help=DATA_ROOT_HELP)
     inspect.add_argument("--split", default="val", choices=("train", "val", "test"),
                          help="split of a named dataset (a folder is read whole)")
@@ -159,13 +161,22 @@ def _add_import(commands) -> None:
     importer.add_argument("--token", help="Hub token for gated or private repos (default: HF_TOKEN, then `hf auth login`)")
 
 
+def _add_export(commands) -> None:
+    from vit_hub.export.options import DESCRIPTION, add_export_flags  # light: the export itself loads when run
+
+    export = commands.add_parser("export", help="ONNX graphs of a model, verified against torch, with a report",
+                                 description=DESCRIPTION + " The same as `python -m vit_hub.export`.")
+    add_export_flags(export)
+
+
 def _add_space(commands) -> None:
     space = commands.add_parser(
-        "space", help="write and upload a Gradio Space that demos a model",
+        "space", help="write and upload a Hugging Face Space that demos a model: a Gradio app, or with --static "
+                      "a page that runs the model in the visitor's browser",
         description="Write a Hugging Face Space that serves MODEL with this project's app (ONNX backend, CPU, "
                     "no torch) and upload it to --repo-id. A model folder is bundled into the Space (small models); "
                     "a Hub repo id is downloaded when the Space starts, pinned to the commit it has now.")
-    space.add_argument("model", metavar="MODEL", help="model dir with its ONNX graphs (python -m vit_hub.export "
+    space.add_argument("model", metavar="MODEL", help="model dir with its ONNX graphs (vit-hub export "
                        "--output-attentions), or the Hub repo id of one pushed with --with-onnx")
     space.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="the Space; created if it does not exist")
     space.add_argument("--out", help="folder to write the Space to (default: ./NAME); a Space folder written "
@@ -296,8 +307,16 @@ def run_inspect(args: argparse.Namespace) -> None:
     from vit_hub.insight.inspect import inspect_model
 
     model = load_model(args.model)
-    written = inspect_model(model, args.out, args.data, args.data_root, args.split, args.samples, args.seed)
+    model_dir = Path(args.model) if Path(args.model).is_dir() else None  # a Hub repo's snapshot keeps no samples
+    written = inspect_model(model, args.out, args.data, args.data_root, args.split, args.samples, args.seed,
+                            model_dir)
     print(f"wrote {', '.join(path.name for path in written)} to {Path(args.out)}")
+
+
+def run_export(args: argparse.Namespace) -> None:
+    from vit_hub.export.__main__ import export_and_report
+
+    export_and_report(args)
 
 
 def run_space(args: argparse.Namespace) -> None:
@@ -326,10 +345,15 @@ def run_space(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"train": run_train, "inspect": run_inspect, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,
-            "push": run_push, "pull": run_pull, "import": run_import, "space": run_space}
+            "push": run_push, "pull": run_pull, "import": run_import, "export": run_export, "space": run_space}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # recorded in the model card; None: sys.argv
-    return run_reporting_errors(lambda: COMMANDS[args.command](args))
+    failed_checks = ()
+    if args.command == "export":  # a graph that fails verification exits 1, as `python -m vit_hub.export` does
+        from vit_hub.export import VerificationError
+
+        failed_checks = (VerificationError,)
+    return run_reporting_errors(lambda: COMMANDS[args.command](args), failed_checks)

@@ -9,11 +9,12 @@ the ONNX app reads them.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from vit_hub.layout import ModelDir
-from vit_hub.model.config import ViTConfig
+from vit_hub.model.config import DIGIT_LABELS, ViTConfig
 
 # One MNIST test digit per class, laid out like a model dir's samples/ folder.
 BUNDLED_DIGITS = Path(__file__).resolve().parents[1] / "bundled" / ModelDir.samples
@@ -21,12 +22,19 @@ MAX_SAMPLES = 12
 MAX_SAMPLE_BYTES = 2 * 2**20
 SAMPLE_SIDE = 256  # a larger validation image is kept scaled down to this longer side
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")  # kept as they are; others become RGB
+NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9_-]+")  # a label's other characters become one '-' in a file name
+MAX_NAME_LABEL = 40  # characters of the label in a sample's file name
 
 
 def is_digit_model(config: ViTConfig) -> bool:
     """A model of handwritten digits: its inputs are canonicalised like MNIST, so the page
     offers a drawing pad and the bundled digits fit it."""
     return config.canonicalize == "digit"
+
+
+def fits_bundled_digits(config: ViTConfig) -> bool:
+    """A model of grayscale digits, which the bundled MNIST (its test split, the sample digits) fits."""
+    return config.in_channels == 1 and config.labels == list(DIGIT_LABELS)
 
 
 def kept_samples(model_dir: str | Path | None) -> list[Path]:
@@ -53,7 +61,7 @@ def example_images(model_dir: str | Path | None, config: ViTConfig) -> list[Path
 def write_samples(dataset: Any, labels: list[str], model_dir: str | Path, count: int = MAX_SAMPLES) -> list[Path]:
     """Keep up to `count` images of `dataset` ((PIL image, class index) pairs: the validation
     split), the first of each class in turn, as PNGs in the model dir's samples/ folder,
-    named by their order and class index (`03_class1.png`). Returns the files written."""
+    named by their order and label (`03_dog.png`, `sample_name`). Returns the files written."""
     folder = ModelDir(model_dir).samples
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.png"):
@@ -62,10 +70,19 @@ def write_samples(dataset: Any, labels: list[str], model_dir: str | Path, count:
     for order, (image, label) in enumerate(_one_class_after_another(dataset, len(labels), count)):
         image = image.copy() if image.mode in PNG_MODES else image.convert("RGB")
         image.thumbnail((SAMPLE_SIDE, SAMPLE_SIDE))
-        path = folder / f"{order:02d}_class{label}.png"
+        path = folder / sample_name(order, label, labels)
         image.save(path)
         written.append(path)
     return written
+
+
+def sample_name(order: int, label: int, labels: list[str]) -> str:
+    """A sample's file name: its order and its label, kept to letters, digits, '_' and '-' (a
+    label is untrusted text: no '/', '..' or spaces reach a file name or a page's URL), or its
+    class index where nothing of the label is left (`07_class3.png`)."""
+    text = labels[label] if 0 <= label < len(labels) else ""
+    shown = NAME_CHARACTERS.sub("-", text).strip("-")[:MAX_NAME_LABEL].strip("-")
+    return f"{order:02d}_{shown or f'class{label}'}.png"
 
 
 def _one_class_after_another(dataset: Any, classes: int, count: int) -> list[tuple[Any, int]]:

@@ -3,4 +3,4 @@ checkout or a Space starts the same)."""
 
 from vit_hub.demo.server import main
 
-main()
+main(prog="python -m vit_hub.demo")

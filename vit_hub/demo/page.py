@@ -252,12 +252,14 @@ def whole_number_slider(*args: Any, **kwargs: Any) -> gr.Slider:
 
 def model_views(predictor: Predictor) -> ModelViews:
     """Views 1-3 of the served model: from its weights when the backend has them, with attention
-    distances measured on the bundled samples when they fit the model (a digit model)."""
+    distances measured on the bundled samples when they fit the model (a digit model), else on
+    the model dir's own samples."""
     config = predictor.config
     weights = predictor.weights() if hasattr(predictor, "weights") else None
-    data = default_data(config)
-    pixels, note = None, ("no images to measure on here: the bundled samples fit only a digit model "
-                          "(`vit-hub inspect --model MODEL --data IMAGES` measures it)")
+    data = default_data(config, predictor.model_dir)
+    pixels, note = None, ("no images to measure on here: the bundled samples fit only a digit model and the "
+                          "model keeps no samples of its own (`vit-hub inspect --model MODEL --data IMAGES` "
+                          "measures it)")
     if data is not None:
         pixels, note = load_pixels(data, config)
     return compute_views(config, weights, lambda batch: predictor.predict(batch)[1], pixels, note)

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from vit_hub.console import OneLineErrorParser
@@ -21,28 +22,34 @@ from vit_hub.demo.page import CHECKOUT, build_demo, serve
 from vit_hub.errors import UserError
 from vit_hub.hub.space import SpaceSettings, read_settings
 
-DEFAULT_MODEL = CHECKOUT / "models" / "vit-mnist"
+# The bundled digit model: a clone's models/vit-mnist, else the copy `pip install .` put in the
+# package (pyproject.toml maps that folder to vit_hub/bundled/model).
+CHECKOUT_MODEL = CHECKOUT / "models" / "vit-mnist"
+INSTALLED_MODEL = Path(__file__).resolve().parents[1] / "bundled" / "model"
+DEFAULT_MODEL = CHECKOUT_MODEL if CHECKOUT_MODEL.is_dir() else INSTALLED_MODEL
+APP = "app.py"  # how the app is started in a clone or a Space; `python -m vit_hub.demo` for a package
 MAX_PORT = 65535
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = APP) -> argparse.Namespace:
     """The flags; in a Space folder (`vit-hub space` wrote space.json beside app.py) the model,
     revision and backend default to the Space's, and a Space's GRADIO_SERVER_NAME and
     GRADIO_SERVER_PORT give the address, so `python app.py` needs no flags there."""
     try:
         space = read_settings(CHECKOUT)
     except (OSError, UserError) as error:
-        raise SystemExit(f"app.py: {error}") from None
-    return build_parser(space).parse_args(argv)
+        raise SystemExit(f"{prog}: {error}") from None
+    return build_parser(space, prog).parse_args(argv)
 
 
-def build_parser(space: SpaceSettings | None) -> argparse.ArgumentParser:
+def build_parser(space: SpaceSettings | None, prog: str = APP) -> argparse.ArgumentParser:
     """app.py's flags, their defaults from `space` (a Space folder's space.json) when given."""
-    parser = OneLineErrorParser(prog="app.py", description=(
+    parser = OneLineErrorParser(prog=prog, description=(
         "Serve a vit_hub model in a Gradio page: upload or draw an image, see the top classes and a map of "
         "the patches that made the model say so. Also an HTTP API (/predict, /predict_labels, /explain)."))
     parser.add_argument("--model", default=space.model if space else str(DEFAULT_MODEL),
-                        help="model dir or Hugging Face Hub repo id (default: %(default)s)")
+                        help="model dir or Hugging Face Hub repo id (default: " +
+                             ("the Space's, %(default)s)" if space else "the bundled MNIST digit model)"))
     parser.add_argument("--revision", default=space.revision if space else None,
                         help="branch, tag or commit of a Hub repo id (default: the Space's pinned commit in a "
                              "Space folder, else main)")
@@ -64,14 +71,14 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def check_can_listen(host: str, port: int) -> None:
+def check_can_listen(host: str, port: int, prog: str = APP) -> None:
     """Bind once, before the model loads: Gradio reports every bind failure (port taken, no
     such address) as "Cannot find empty port", with a traceback."""
     try:
         with socket.create_server((host, port)):
             pass
     except OSError as error:
-        raise SystemExit(f"app.py: --host {host} --port {port}: expected an address and port this machine can "
+        raise SystemExit(f"{prog}: --host {host} --port {port}: expected an address and port this machine can "
                          f"listen on, got {error.strerror or error}") from None
 
 
@@ -91,20 +98,20 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     sys.exit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    check_can_listen(args.host, args.port)
+def main(argv: list[str] | None = None, prog: str = APP) -> None:
+    args = parse_args(argv, prog)
+    check_can_listen(args.host, args.port, prog)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         predictor = load_predictor(args.model, args.backend, args.revision)
         predictor.config.check_has_head("the app")
     except (OSError, UserError) as error:
-        raise SystemExit(f"app.py: cannot load --model {args.model}: {error}") from None
+        raise SystemExit(f"{prog}: cannot load --model {args.model}: {error}") from None
     # Gradio's own start-up lines include a hint to set share=True; this app never shares.
-    print(f"app.py: serving {args.model} ({predictor.description}) at http://{args.host}:{args.port} "
+    print(f"{prog}: serving {args.model} ({predictor.description}) at http://{args.host}:{args.port} "
           f"(no share link, no analytics; Ctrl-C stops)", flush=True)
     try:
         serve(build_demo(predictor), args.host, args.port, quiet=True)
     except OSError as error:  # taken since check_can_listen
-        raise SystemExit(f"app.py: --host {args.host} --port {args.port}: expected an address and port this "
+        raise SystemExit(f"{prog}: --host {args.host} --port {args.port}: expected an address and port this "
                          f"machine can listen on, got {error}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_hub_commands(subparsers) -> None:
@@ -12,9 +13,9 @@ def add_hub_commands(subparsers) -> None:
     push.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="created if it does not exist")
     push.add_argument("--private", action="store_true", help="make the repo private when this push creates it")
     push.add_argument("--with-onnx", action="store_true",
-                      help="also upload model.onnx, model_attentions.onnx (for the app's rollout) and the export report "
-                           "that the model dir holds; refused, naming the `python -m vit_hub.export` command, when it "
-                           "has no model.onnx")
+                      help="also upload the ONNX graphs the model dir holds (model.onnx, model_attentions.onnx for "
+                           "the app's rollout, pipeline.onnx, their float16 copies) and the export report; "
+                           "refused, naming the `vit-hub export` command, when it has no model.onnx")
     push.add_argument("--revision", help="branch to commit to (default main; created if missing)")
     push.add_argument("--commit-message",
                       help="the commit's message (default: \"Upload vit_hub model from FOLDER\")")
@@ -22,6 +23,8 @@ def add_hub_commands(subparsers) -> None:
                                       "prefer those, a flag is visible to other users of this machine")
     push.add_argument("--overwrite-card", action="store_true",
                       help="replace a README.md that was edited on the Hub instead of keeping it")
+    push.add_argument("--dry-run", action="store_true",
+                      help="check the model dir and list the files a push would upload; upload nothing, need no token")
 
     pull = subparsers.add_parser("pull", help="download a vit_hub model repo into a model dir")
     pull.add_argument("repo_id", metavar="OWNER/NAME", help="the Hub model repo to download")
@@ -33,8 +36,14 @@ def add_hub_commands(subparsers) -> None:
 
 
 def run_push(args: argparse.Namespace) -> None:
-    from vit_hub.hub.repos import CARD_KEPT, push_to_hub
+    from vit_hub.hub.repos import CARD_KEPT, files_to_push, push_to_hub
+    from vit_hub.layout import ModelDir
 
+    if args.dry_run:
+        files = files_to_push(Path(args.model), args.repo_id, args.with_onnx)
+        print(f"would push {', '.join([*files, ModelDir.card])} to {args.repo_id}@{args.revision or 'main'}")
+        print("not uploaded (--dry-run)")
+        return
     result = push_to_hub(args.model, args.repo_id, private=args.private or None, with_onnx=args.with_onnx,
                          revision=args.revision, commit_message=args.commit_message, token=args.token,
                          overwrite_card=args.overwrite_card)

@@ -319,18 +319,13 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
         repo_id: "OWNER/NAME".
         private: make the repo private when this push creates it (None: the Hub's default).
         with_onnx: also upload model.onnx, model_attentions.onnx and the export report, those
-            of them there are (`python -m vit_hub.export` writes them); model.onnx must be there.
+            of them there are (`vit-hub export` writes them); model.onnx must be there.
         revision: branch to commit to (default "main"); created from main if missing.
         commit_message: summary of the commit (default names the folder).
         token: Hub token; default HF_TOKEN, then the cached login.
         overwrite_card: replace a README.md that was edited on the Hub (otherwise kept).
     """
-    model_dir = Path(model_dir)
-    names = [name for name in PUBLISHED_FILES if name != ModelDir.card] + (onnx_files(model_dir) if with_onnx else [])
-    _refuse_links_out(model_dir, [*names, ModelDir.card], flag="push --model")  # the card: read, maybe sent
-    check_model_dir(model_dir, flag="push --model")
-    check_repo_id(repo_id, flag="--repo-id")
-    files = [name for name in names if (model_dir / name).is_file()]  # regular files: no FIFO, no folder
+    files = files_to_push(model_dir := Path(model_dir), repo_id, with_onnx)
     api = HfApi(endpoint=hub_endpoint(), token=_push_token(token), library_name="vit_hub")
     branch = revision or DEFAULT_BRANCH
     with hub_errors(repo_id, branch):
@@ -345,6 +340,15 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
                                    commit_message=commit_message or f"Upload vit_hub model from {model_dir.name}")
     return PushResult(repo_id=repo_id, revision=branch, commit_url=commit.commit_url,
                       files=[operation.path_in_repo for operation in operations], card=card_source)
+
+
+def files_to_push(model_dir: Path, repo_id: str, with_onnx: bool) -> list[str]:
+    """The files a push uploads beside the card, checked as a push checks them (`push --dry-run`)."""
+    names = [name for name in PUBLISHED_FILES if name != ModelDir.card] + (onnx_files(model_dir) if with_onnx else [])
+    _refuse_links_out(model_dir, [*names, ModelDir.card], flag="push --model")  # the card: read, maybe sent
+    check_model_dir(model_dir, flag="push --model")
+    check_repo_id(repo_id, flag="--repo-id")
+    return [name for name in names if (model_dir / name).is_file()]  # regular files: no FIFO, no folder
 
 
 def _refuse_links_out(folder: Path, names: list[str], flag: str) -> None:
@@ -370,7 +374,7 @@ def onnx_files(model_dir: Path) -> list[str]:
     layout = ExportLayout.for_model(model_dir)
     if not layout.logits.is_file():
         raise HubError(f"--with-onnx: expected {layout.logits.name} in {model_dir}, found none; export it first: "
-                       f"python -m vit_hub.export --model {model_dir} --out {model_dir} --output-attentions")
+                       f"vit-hub export --model {model_dir} --out {model_dir} --output-attentions")
     return [path.name for path in layout.onnx_files if path.is_file()]
 
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from vit_hub.data.samples import BUNDLED_DIGITS
+from vit_hub.data.samples import BUNDLED_DIGITS, fits_bundled_digits, kept_samples
 from vit_hub.errors import UserError
 from vit_hub.insight.figures import draw_views, save_figure
 from vit_hub.insight.views import ModelViews, compute_views, torch_attend, torch_weights
 from vit_hub.layout import INSPECT_FIGURES, ModelDir
-from vit_hub.model.config import DIGIT_LABELS, ViTConfig
+from vit_hub.model.config import ViTConfig
 from vit_hub.storage import reading_safetensors, write_text_atomically
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -41,23 +41,31 @@ def read_weights(model_dir: str | Path) -> dict[str, np.ndarray]:
         return load_file(str(path))
 
 
-def default_data(config: ViTConfig) -> Path | None:
-    """The bundled samples (MNIST digits) for a model of grayscale digits; None for any other."""
-    digits = config.in_channels == 1 and config.labels == list(DIGIT_LABELS)
-    return BUNDLED_DIGITS if digits else None
+def default_data(config: ViTConfig, model_dir: str | Path | None = None) -> Path | list[Path] | None:
+    """What a model is measured on when no --data is given: the bundled samples (MNIST digits)
+    for a model of grayscale digits, else the sample images its model dir keeps (the validation
+    images training kept, checked as the app checks them); None when there are none."""
+    if fits_bundled_digits(config):
+        return BUNDLED_DIGITS
+    return kept_samples(model_dir) or None
 
 
-def load_pixels(data: str | Path, config: ViTConfig, count: int = 64, seed: int = 0,
+def load_pixels(data: str | Path | list[Path], config: ViTConfig, count: int = 64, seed: int = 0,
                 data_root: str | None = None, split: str = "val") -> tuple[np.ndarray, str]:
     """Up to `count` images of `data`, preprocessed as the config says -> ([B, C, H, W], description).
 
-    data: a folder of images (searched recursively, class subfolders or not), or anything
-    `vit-hub train --data` takes ('mnist', a torchvision name), read through its `split`.
+    data: a folder of images (searched recursively, class subfolders or not), anything
+    `vit-hub train --data` takes ('mnist', a torchvision name), read through its `split`, or
+    a model dir's kept samples (a list of image files, `default_data`).
     """
     from vit_hub.processing.preprocess import preprocess
 
     if count < 1:
         raise UserError(f"--samples: expected at least one image, got {count}")
+    if isinstance(data, list):
+        picks = _pick(len(data), count, seed)
+        images, source = [data[i] for i in picks], f"{len(picks)} of the model's own sample images"
+        return np.stack([preprocess(image, config) for image in images]), source
     folder = Path(data)
     if folder.is_dir():
         paths = _image_files(folder)
@@ -114,14 +122,16 @@ def write_views(views: ModelViews, out: str | Path) -> list[Path]:
 
 # The command and training's views --------------------------------------------------------
 def inspect_model(model: Any, out: str | Path, data: str | None = None, data_root: str | None = None,
-                  split: str = "val", samples: int = 64, seed: int = 0) -> list[Path]:
-    """`vit-hub inspect`: views 1-3 of a loaded torch model, measured on `data` (default: the
-    bundled digits, for a digit model), written into `out`."""
+                  split: str = "val", samples: int = 64, seed: int = 0,
+                  model_dir: str | Path | None = None) -> list[Path]:
+    """`vit-hub inspect`: views 1-3 of a loaded torch model, measured on `data` (default:
+    `default_data`, the bundled digits or the model dir's own samples), written into `out`."""
     check_out(out)
-    data = data or default_data(model.config)
+    data = data or default_data(model.config, model_dir)
     if data is None:
         raise UserError("inspect: expected --data (a folder of images, 'mnist' or a torchvision name) to measure "
-                        "attention distances on; the bundled samples are MNIST digits and fit only a digit model")
+                        "attention distances on; the bundled samples are MNIST digits and fit only a digit model, "
+                        f"and the model dir keeps no {ModelDir.samples}/ of its own")
     pixels, source = load_pixels(data, model.config, samples, seed, data_root, split)
     views = compute_views(model.config, torch_weights(model), torch_attend(model), pixels, source)
     return write_views(views, out)
