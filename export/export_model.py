@@ -48,6 +48,7 @@ from .graph_check import WEIGHTS_SHA256, weights_sha256
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
+from .preprocess_graph import verify_preprocessing, write_preprocessing
 from .quantize import QUANTIZATIONS, measure_int8, quantize_int8
 from .session import PRECISIONS
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
@@ -257,9 +258,10 @@ def _write_fp16(model: nn.Module, graph: Path, target: Path, with_attentions: bo
 
 def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTConfig, eval_set: EvalSet,
                               precisions: tuple[str, ...]) -> dict[str, Any]:
-    """Write pipeline.onnx (and with fp16 its float16 copy) from the staged logits graph, tie it
-    to the weights and check it against the Python path on uploads made from real images; a
-    graph that disagrees is removed, not installed -> {file name: its section of the report}."""
+    """Write pipeline.onnx (and with fp16 its float16 copy) from the staged logits graph, and
+    preprocess.onnx, tie each to the weights and check it against the Python path on uploads made
+    from real images; a graph that disagrees is removed, not installed -> {file name: its
+    section of the report}."""
     uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
     tolerances = {"fp32": PROBABILITY_TOLERANCE, "fp16": FP16_PROBABILITY_TOLERANCE}
     sections = {}
@@ -270,7 +272,21 @@ def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTCon
         sections[target.name] = verify_pipeline(target, staged.logits, config, uploads, tolerances[chosen])
         if sections[target.name]["failures"]:
             target.unlink()
+    sections[staged.preprocess.name] = _write_verified_preprocessing(staged, weights, config, uploads)
     return sections
+
+
+def _write_verified_preprocessing(staged: ExportLayout, weights: str, config: ViTConfig,
+                                  uploads: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Write preprocess.onnx (pipeline.onnx's preprocessing alone, for the CPU provider beside a
+    batched network), tie it to the weights and check it against the Python path; a graph that
+    disagrees is removed, not installed -> its section of the report."""
+    target = write_preprocessing(staged.preprocess, config)
+    tie_to_weights(target, weights)
+    section = verify_preprocessing(target, config, uploads)
+    if section["failures"]:
+        target.unlink()
+    return section
 
 
 def _write_measured_int8(staged: ExportLayout, weights: str, eval_set: EvalSet,
