@@ -257,13 +257,16 @@ def main() -> int:
         except (ProviderFallbackError, *ORT_ERRORS) as error:
             report["providers"][provider] = {"error": str(error).splitlines()[0][:300]}
             continue
-        report["providers"][provider] = measure(run, images, expected, args)
+        try:
+            report["providers"][provider] = measure(run, images, expected, args)
+        except Exception as error:  # noqa: BLE001 - a provider failing mid-way is a result; the others still run
+            report["providers"][provider] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
         run.close()
-        print(f"{provider}: done at {time.perf_counter() - started:.0f} s", flush=True)
-    report["seconds"] = round(time.perf_counter() - started, 1)
+        report.update(seconds=round(time.perf_counter() - started, 1), torch_imported="torch" in sys.modules)
+        if args.out:  # after each provider, so a run cut short keeps what it measured
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"{provider}: done at {report['seconds']:.0f} s", flush=True)
     print(summary(report))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

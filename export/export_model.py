@@ -205,19 +205,22 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) 
         write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
         graphs = _write_verified_graphs(model, staged, weights, inputs, options)
         pipelines = _write_verified_pipelines(staged, weights, model.config, eval_set, options.precisions)
+        preprocessing = _write_verified_preprocessing(staged, weights, model.config, eval_set)
         measured = {}
         if options.quantize:
             graphs[staged.int8.name], measured["quantization"] = _write_measured_int8(staged, weights, eval_set, options)
         if options.precision == "fp16":
             measured["fp16"] = measure_fp16(staged.logits, staged.in_precision(staged.logits, "fp16"), eval_set,
                                             options.eval_limit)
-        report = {**_report_header(reference, options, eval_set), "graphs": graphs, "pipeline": pipelines, **measured}
+        report = {**_report_header(reference, options, eval_set), "graphs": graphs, "pipeline": pipelines,
+                  "preprocess": preprocessing, **measured}
         staged.report.write_text(json.dumps(report, indent=2) + "\n")
         _remove_stale(*(path for path in (*layout.onnx_files, layout.int8)
                         if path.suffix == ".onnx" and not (staged.folder / path.name).is_file()))
         _install(staged, layout, model.config)
 
-    failures = [failure for section in (*graphs.values(), *pipelines.values()) for failure in section.get("failures", [])]
+    failures = [failure for section in (*graphs.values(), *pipelines.values(), preprocessing)
+                for failure in section.get("failures", [])]
     if failures:
         raise VerificationError(f"export verification failed: {'; '.join(failures)} (report: {layout.report})")
     return layout.logits
@@ -258,10 +261,9 @@ def _write_fp16(model: nn.Module, graph: Path, target: Path, with_attentions: bo
 
 def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTConfig, eval_set: EvalSet,
                               precisions: tuple[str, ...]) -> dict[str, Any]:
-    """Write pipeline.onnx (and with fp16 its float16 copy) from the staged logits graph, and
-    preprocess.onnx, tie each to the weights and check it against the Python path on uploads made
-    from real images; a graph that disagrees is removed, not installed -> {file name: its
-    section of the report}."""
+    """Write pipeline.onnx (and with fp16 its float16 copy) from the staged logits graph, tie it
+    to the weights and check it against the Python path on uploads made from real images; a
+    graph that disagrees is removed, not installed -> {file name: its section of the report}."""
     uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
     tolerances = {"fp32": PROBABILITY_TOLERANCE, "fp16": FP16_PROBABILITY_TOLERANCE}
     sections = {}
@@ -272,15 +274,16 @@ def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTCon
         sections[target.name] = verify_pipeline(target, staged.logits, config, uploads, tolerances[chosen])
         if sections[target.name]["failures"]:
             target.unlink()
-    sections[staged.preprocess.name] = _write_verified_preprocessing(staged, weights, config, uploads)
     return sections
 
 
 def _write_verified_preprocessing(staged: ExportLayout, weights: str, config: ViTConfig,
-                                  uploads: list[tuple[str, Any]]) -> dict[str, Any]:
+                                  eval_set: EvalSet) -> dict[str, Any]:
     """Write preprocess.onnx (pipeline.onnx's preprocessing alone, for the CPU provider beside a
-    batched network), tie it to the weights and check it against the Python path; a graph that
-    disagrees is removed, not installed -> its section of the report."""
+    batched network), tie it to the weights and check it against the Python path on the uploads
+    pipeline.onnx is checked on; a graph that disagrees is removed, not installed -> its
+    section of the report."""
+    uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
     target = write_preprocessing(staged.preprocess, config)
     tie_to_weights(target, weights)
     section = verify_preprocessing(target, config, uploads)

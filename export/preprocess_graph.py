@@ -87,7 +87,7 @@ def verify_preprocessing(path: Path, config: ViTConfig, uploads: list[tuple[str,
         if failure:
             failures.append(f"{path.name} on {name}: {failure}")
     differences = [row["max_abs_diff"] for row in rows if row["max_abs_diff"] is not None]
-    return {"uploads": len(rows), "tolerance_max_abs_diff": PIXEL_TOLERANCE, "provider": CPU,
+    return {"graph": path.name, "uploads": len(rows), "tolerance_max_abs_diff": PIXEL_TOLERANCE, "provider": CPU,
             "max_abs_diff": max(differences, default=0.0), "rows": rows, "failures": failures}
 
 
