@@ -19,15 +19,18 @@ Measured, written to --out as JSON and printed:
                a second), and the largest probability difference; on CUDA also the batched
                route in float32 (TF32), to tell the float16 copy's part;
   fresh        ms per upload whose shape no session has seen (--fresh real uploads, each resized
-               by a few pixels to a size used nowhere else in the run): median and each;
+               by a few pixels to a size used nowhere else in the run, routes interleaved):
+               median and each;
   seen         ms per upload again at a shape already seen (median of three);
   large        ms for one 4000x3000 upload (a real one enlarged), at a fresh shape;
   throughput   --batch uploads/s: batched (one call, a worker thread per core) against one at
-               a time through the route (workers=1: every core on one upload), and through
+               a time through the route (workers=1: onnxruntime's threads on one upload), and through
                pipeline.onnx (its shapes seen), each after one untimed pass; plus the network
                alone, one run of the batch against one run per upload.
-Runs in about a minute on a GPU machine; needs onnxruntime (onnxruntime-gpu for CUDA), NumPy,
-Pillow and onnx, never torch. --uploads is `<group>/<label>/<file>` (MANIFEST.csv beside).
+`verdict` puts side by side a fresh upload through the route on CUDA against pipeline.onnx on
+the CPU provider, and batched against one at a time on CUDA. About two minutes on a GPU
+machine; needs onnxruntime (onnxruntime-gpu for CUDA), NumPy, Pillow, SciPy and onnx, never
+torch. --uploads is `<group>/<label>/<file>` (MANIFEST.csv beside).
 """
 
 from __future__ import annotations
@@ -76,6 +79,13 @@ class FreshShapes:
         image = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
         resized = np.asarray(image.resize((width, height), Image.Resampling.BILINEAR))
         return check_image(resized[..., None] if resized.ndim == 2 else resized)
+
+
+def gpu_name() -> str | None:
+    """The NVIDIA GPU's model as its driver names it (Linux), or None."""
+    found = sorted(Path("/proc/driver/nvidia/gpus").glob("*/information"))
+    lines = found[0].read_text().splitlines() if found else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Model:")), None)
 
 
 def dev_uploads(folder: Path) -> list[Path]:
@@ -149,11 +159,14 @@ class ProviderRun:
         return found
 
     def fresh(self, images: list[np.ndarray], fresh: FreshShapes) -> dict[str, Any]:
-        """ms per upload at shapes never seen, per route: median and each."""
+        """ms per upload at shapes never seen, per route (interleaved upload by upload): median and each."""
         routes = {"pipeline": lambda image: pipeline_probabilities(self.pipeline, image),
                   "route": lambda image: self.latency.classify([image])}
-        timings = {name: [round(milliseconds(lambda: run(fresh(image))), 2) for image in images]
-                   for name, run in routes.items()}
+        timings = {name: [] for name in routes}
+        for image in images:
+            for name, run in routes.items():
+                unseen = fresh(image)
+                timings[name].append(round(milliseconds(lambda: run(unseen)), 2))
         return {name: {"median_ms": statistics.median(each), "each_ms": each} for name, each in timings.items()}
 
     def seen(self, images: list[np.ndarray]) -> dict[str, float]:
@@ -168,8 +181,10 @@ class ProviderRun:
         return result
 
     def large(self, image: np.ndarray, fresh: FreshShapes) -> dict[str, float]:
-        return {"pipeline": milliseconds(lambda: pipeline_probabilities(self.pipeline, fresh(image, LARGE))),
-                "route": milliseconds(lambda: self.latency.classify([fresh(image, LARGE)]))}
+        """ms for one upload enlarged to LARGE (at a size no session has seen), per route."""
+        first, second = fresh(image, LARGE), fresh(image, LARGE)
+        return {"pipeline": milliseconds(lambda: pipeline_probabilities(self.pipeline, first)),
+                "route": milliseconds(lambda: self.latency.classify([second]))}
 
     def throughput(self, images: list[np.ndarray], pipeline_images: list[np.ndarray]) -> dict[str, Any]:
         """uploads/s: the batch in one call against one upload a call (each after an untimed pass)."""
@@ -195,16 +210,32 @@ class ProviderRun:
         self.server.close()
 
 
-def measure(run: ProviderRun, images: list[np.ndarray], expected: list, args: argparse.Namespace) -> dict[str, Any]:
+def measure(run: ProviderRun, images: list[np.ndarray], expected: list, fresh: FreshShapes,
+            args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement of one provider, labels first (they warm every session up)."""
     every = args.cuda_pipeline_every if run.provider == "cuda" else 1
-    fresh, spread = FreshShapes(), images[::max(1, len(images) // args.fresh)][:args.fresh]
+    spread = images[::max(1, len(images) // args.fresh)][:args.fresh]
     report = {**run.describe(), "labels": run.labels(images, expected, every, args.model)}
     report["fresh"] = run.fresh(spread, fresh)
     report["seen_median_ms"] = run.seen(spread)
     report["large_ms"] = run.large(images[0], fresh)
     report["throughput"] = run.throughput(images[:args.batch], images[::every][:args.batch])
     return report
+
+
+def verdict(providers: dict[str, Any]) -> dict[str, Any]:
+    """The issue's two questions: a fresh upload through the route on CUDA against pipeline.onnx
+    on the CPU provider (ms, median), and batched against one at a time on CUDA (uploads/s)."""
+    cuda, cpu = providers.get("cuda", {}), providers.get("cpu", {})
+    found = {}
+    if "fresh" in cuda and "fresh" in cpu:
+        found["fresh_ms_route_on_cuda_vs_pipeline_on_cpu"] = [cuda["fresh"]["route"]["median_ms"],
+                                                              cpu["fresh"]["pipeline"]["median_ms"]]
+    if "throughput" in cuda:
+        rates = cuda["throughput"]
+        found["cuda_batched_vs_one_at_a_time_uploads_per_s"] = [rates["batched_uploads_per_s"],
+                                                                rates["route_one_at_a_time_uploads_per_s"]]
+    return found
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -239,7 +270,7 @@ def main() -> int:
     parser.add_argument("--providers", default="cuda,cpu", help="comma-separated: cuda, cpu (default: cuda,cpu)")
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     parser.add_argument("--batch", type=int, default=64, help="uploads per batch for the throughput (default 64)")
-    parser.add_argument("--fresh", type=int, default=8, help="uploads timed at fresh shapes (default 8)")
+    parser.add_argument("--fresh", type=int, default=12, help="uploads timed at fresh shapes (default 12)")
     parser.add_argument("--cuda-pipeline-every", type=int, default=9,
                         help="pipeline.onnx on CUDA scores every n-th upload only (default 9)")
     args = parser.parse_args()
@@ -248,7 +279,8 @@ def main() -> int:
     if not paths:
         parser.error(f"--uploads: expected images in <group>/<label>/<file>, found none in {args.uploads}")
     images, expected = [decoded_upload(path) for path in paths], reference(args.model, paths)
-    report = {"onnxruntime": ort.__version__, "available_providers": ort.get_available_providers(),
+    fresh = FreshShapes()
+    report = {"onnxruntime": ort.__version__, "gpu": gpu_name(), "available_providers": ort.get_available_providers(),
               "cpu_cores": available_cores(), "machine": platform.processor() or platform.machine(),
               "uploads": len(paths), "batch": args.batch, "providers": {}}
     for provider in args.providers.split(","):
@@ -258,11 +290,12 @@ def main() -> int:
             report["providers"][provider] = {"error": str(error).splitlines()[0][:300]}
             continue
         try:
-            report["providers"][provider] = measure(run, images, expected, args)
+            report["providers"][provider] = measure(run, images, expected, fresh, args)
         except Exception as error:  # noqa: BLE001 - a provider failing mid-way is a result; the others still run
             report["providers"][provider] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
         run.close()
-        report.update(seconds=round(time.perf_counter() - started, 1), torch_imported="torch" in sys.modules)
+        report.update(seconds=round(time.perf_counter() - started, 1), torch_imported="torch" in sys.modules,
+                      verdict=verdict(report["providers"]))
         if args.out:  # after each provider, so a run cut short keeps what it measured
             args.out.write_text(json.dumps(report, indent=1) + "\n")
         print(f"{provider}: done at {report['seconds']:.0f} s", flush=True)

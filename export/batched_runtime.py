@@ -71,7 +71,8 @@ class UploadClassifier:
         providers, precision, strict, exact: the network's, as OnnxClassifier takes them
             ("auto": CUDA and the float16 copy where CUDA starts, else the CPU and float32).
         workers: uploads preprocessed at once (threads); default: one per core. Each gets
-            cores // workers of onnxruntime's threads: workers=1 gives one upload every core.
+            cores // workers of onnxruntime's threads; workers=1 gives one upload the threads
+            onnxruntime picks for a session (as pipeline.onnx gets them).
         batch_size: uploads per network run, at most.
     """
 
@@ -86,7 +87,7 @@ class UploadClassifier:
         self.config = self.network.config
         self.config.check_has_head("classify uploads")
         self.batch_size = batch_size
-        threads = max(1, cores // self.workers)
+        threads = None if self.workers == 1 else max(1, cores // self.workers)  # one: onnxruntime's own choice
         self._preprocessing = preprocessing_session(preprocessing_model(self.config), threads)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="vit-hub-preprocess")
 
