@@ -36,6 +36,10 @@ def summary(report: dict) -> list[str]:
         agreeing = sum(row["same_label"] for row in check["rows"])
         lines.append(f"{name}: the Python path's label on {agreeing}/{check['uploads']} uploads, probabilities "
                      f"max|diff| {check['max_abs_diff']:.1e} (tolerance {check['tolerance_max_abs_diff']:g})")
+    preprocessing = report.get("preprocess")
+    if preprocessing:
+        lines.append(f"{preprocessing['graph']}: the Python path's pixel values on {preprocessing['uploads']} uploads, "
+                     f"max|diff| {preprocessing['max_abs_diff']:.1e} (tolerance {preprocessing['tolerance_max_abs_diff']:g})")
     half = report.get("fp16")
     if half:
         lines.append(f"fp16: top-1 agreement with fp32 {half['top1_agreement']:.2f}% on {half['n']} images "

@@ -49,6 +49,7 @@ from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
 from .options import DEFAULT_EXPORTER, DEFAULT_OPSET, PRECISIONS, QUANTIZATIONS
+from .preprocess_graph import verify_preprocessing, write_preprocessing
 from .quantize import measure_int8, quantize_int8
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
 
@@ -204,19 +205,22 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) 
         write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
         graphs = _write_verified_graphs(model, staged, weights, inputs, options)
         pipelines = _write_verified_pipelines(staged, weights, model.config, eval_set, options.precisions)
+        preprocessing = _write_verified_preprocessing(staged, weights, model.config, eval_set)
         measured = {}
         if options.quantize:
             graphs[staged.int8.name], measured["quantization"] = _write_measured_int8(staged, weights, eval_set, options)
         if options.precision == "fp16":
             measured["fp16"] = measure_fp16(staged.logits, staged.in_precision(staged.logits, "fp16"), eval_set,
                                             options.eval_limit)
-        report = {**_report_header(reference, options, eval_set), "graphs": graphs, "pipeline": pipelines, **measured}
+        report = {**_report_header(reference, options, eval_set), "graphs": graphs, "pipeline": pipelines,
+                  "preprocess": preprocessing, **measured}
         staged.report.write_text(json.dumps(report, indent=2) + "\n")
         _remove_stale(*(path for path in (*layout.onnx_files, layout.int8)
                         if path.suffix == ".onnx" and not (staged.folder / path.name).is_file()))
         _install(staged, layout, model.config)
 
-    failures = [failure for section in (*graphs.values(), *pipelines.values()) for failure in section.get("failures", [])]
+    failures = [failure for section in (*graphs.values(), *pipelines.values(), preprocessing)
+                for failure in section.get("failures", [])]
     if failures:
         raise VerificationError(f"export verification failed: {'; '.join(failures)} (report: {layout.report})")
     return layout.logits
@@ -271,6 +275,21 @@ def _write_verified_pipelines(staged: ExportLayout, weights: str, config: ViTCon
         if sections[target.name]["failures"]:
             target.unlink()
     return sections
+
+
+def _write_verified_preprocessing(staged: ExportLayout, weights: str, config: ViTConfig,
+                                  eval_set: EvalSet) -> dict[str, Any]:
+    """Write preprocess.onnx (pipeline.onnx's preprocessing alone, for the CPU provider beside a
+    batched network), tie it to the weights and check it against the Python path on the uploads
+    pipeline.onnx is checked on; a graph that disagrees is removed, not installed -> its
+    section of the report."""
+    uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
+    target = write_preprocessing(staged.preprocess, config)
+    tie_to_weights(target, weights)
+    section = verify_preprocessing(target, config, uploads)
+    if section["failures"]:
+        target.unlink()
+    return section
 
 
 def _write_measured_int8(staged: ExportLayout, weights: str, eval_set: EvalSet,

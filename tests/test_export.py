@@ -107,11 +107,14 @@ def classifier(exported) -> OnnxClassifier:
 def test_export_writes_self_contained_verified_graphs_and_the_config(exported, tiny):
     folder = exported.parent
     assert sorted(path.name for path in folder.iterdir()) == [
-        "config.json", "model.onnx", "model_attentions.onnx", "model_export_report.json", "pipeline.onnx"]
+        "config.json", "model.onnx", "model_attentions.onnx", "model_export_report.json", "pipeline.onnx",
+        "preprocess.onnx"]
     assert ViTConfig.from_json(folder / "config.json") == tiny[1].config
     report = json.loads((folder / "model_export_report.json").read_text())
     pipeline = report["pipeline"]["pipeline.onnx"]
     assert pipeline["uploads"] >= 12 and not pipeline["failures"] and pipeline["max_abs_diff"] <= 1e-4
+    preprocessing = report["preprocess"]  # an RGB model's pixel values: within the float32 rounding of a resize
+    assert preprocessing["uploads"] == pipeline["uploads"] and not preprocessing["failures"]
     assert report["exporter"] == "torchscript" and report["opset"] == 18
     for name, outputs in [("model.onnx", ["logits"]), ("model_attentions.onnx", ["logits", "attentions"])]:
         graph = report["graphs"][name]
@@ -183,10 +186,31 @@ def test_non_square_small_data_model_exports_with_parity(tmp_path, pooling, patc
     assert np.all(np.diagonal(attentions, axis1=-2, axis2=-1) == 0)  # no token attends to itself
 
 
+def test_a_gpu_servers_route_gives_an_rgb_model_the_python_paths_answers_batched(exported):
+    """UploadClassifier (docs/export.md, "On a GPU server") on a photo model: photos of any size
+    and mode, batched (two network runs) and one at a time, against preprocess + model.onnx."""
+    from vit_hub.export.batched_runtime import BATCH_TOLERANCE, UploadClassifier
+    from vit_hub.export.pipeline_graph import PROBABILITY_TOLERANCE, decoded_pixels
+    from vit_hub.processing.preprocess import preprocess
+
+    rng = np.random.default_rng(3)
+    images = [Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA").convert(mode)
+              for (height, width), mode in [((40, 50), "RGB"), ((16, 16), "RGB"), ((300, 200), "RGBA"), ((33, 17), "L"),
+                                            ((90, 60), "LA")]]
+    network = OnnxClassifier(exported, providers="cpu")
+    with UploadClassifier(exported, providers="cpu", workers=2, batch_size=3) as server:
+        batched = server.classify([decoded_pixels(image) for image in images])
+        for answer, image in zip(batched, images):
+            alone = server.classify([decoded_pixels(image)])[0]
+            expected = softmax(network.run(preprocess(image, network.config)[None]), network.config.temperature)[0]
+            np.testing.assert_allclose(answer.probabilities, alone.probabilities, atol=BATCH_TOLERANCE, rtol=0)
+            np.testing.assert_allclose(answer.probabilities, expected, atol=PROBABILITY_TOLERANCE, rtol=0)
+
+
 def test_dynamo_exporter_writes_one_file_with_a_dynamic_batch(tiny, tmp_path):
     path = export_onnx(tiny[1], tmp_path / "dynamo.onnx", exporter="dynamo")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "config.json", "dynamo.onnx", "dynamo_export_report.json", "dynamo_pipeline.onnx"]
+        "config.json", "dynamo.onnx", "dynamo_export_report.json", "dynamo_pipeline.onnx", "dynamo_preprocess.onnx"]
     report = json.loads((tmp_path / "dynamo_export_report.json").read_text())
     assert report["exporter"] == "dynamo" and report["graphs"]["dynamo.onnx"]["passed"]
     assert isinstance(report["graphs"]["dynamo.onnx"]["inputs"]["pixel_values"][0], str)
@@ -632,11 +656,13 @@ def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_imag
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.parent.iterdir()) == [
         "config.json", "tiny.onnx", "tiny_attentions.onnx", "tiny_export_report.json", "tiny_int8.onnx",
-        "tiny_pipeline.onnx"]
+        "tiny_pipeline.onnx", "tiny_preprocess.onnx"]
     assert "tiny.onnx: " in result.stdout and "opset 17" in result.stdout and "int8: accuracy" in result.stdout
     assert "tiny_pipeline.onnx: the Python path's label on" in result.stdout
+    assert "tiny_preprocess.onnx: the Python path's pixel values on" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == (f"wrote {out.parent}/: tiny.onnx, tiny_attentions.onnx, "
-                                                      f"tiny_pipeline.onnx, tiny_int8.onnx, config.json, tiny_export_report.json")
+                                                      f"tiny_pipeline.onnx, tiny_preprocess.onnx, tiny_int8.onnx, config.json, "
+                                                      f"tiny_export_report.json")
     assert "created" not in json.loads((out.parent / "tiny_export_report.json").read_text())  # same on every run
 
 

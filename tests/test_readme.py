@@ -155,8 +155,9 @@ DDP = "# one machine, 4 GPUs (or 4 CPU processes); then resume the run the same 
 TWO_MACHINES = "# two machines, 8 GPUs each: run this on both, HOST being the first machine's address, with"
 PRETRAINED = "vit-hub import timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --out runs/vit-base"
 NODE = "cd examples/node && ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci"
+GPU_SERVER = 'python examples/gpu_server.py --model models/vit-mnist --port 8000 &   # prints "serving ..." once it listens'
 RUNNERS = {SETUP, ACTIVATION, QUICK_START, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES, PRETRAINED,
-           NODE}
+           NODE, GPU_SERVER}
 
 
 def test_every_bash_block_has_a_runner():
@@ -248,11 +249,23 @@ def test_the_onnx_export_writes_a_scratch_folder(tmp_path):
     text = substitute(block(EXPORT), [("--calib-data mnist", "--calib-data mnist --eval-limit 32"),
                                       ("runs/", f"{tmp_path}/runs/")])
     closing = run_block(text).stdout.strip().splitlines()[-1]
-    written = ["model.onnx", "model_attentions.onnx", "pipeline.onnx", "model_int8.onnx", "config.json",
-               "model_export_report.json"]
+    written = ["model.onnx", "model_attentions.onnx", "pipeline.onnx", "preprocess.onnx", "model_int8.onnx",
+               "config.json", "model_export_report.json"]
     assert closing == f"wrote {tmp_path}/runs/onnx/: {', '.join(written)}"
     assert all((tmp_path / "runs" / "onnx" / name).is_file() for name in written)
     assert "created" not in json.loads((tmp_path / "runs" / "onnx" / "model_export_report.json").read_text())
+
+
+def test_gpu_server_block_classifies_a_sample(tmp_path):
+    """docs/export.md's server on a free port, waited for, asked once, stopped (on the CPU here)."""
+    port = free_port()
+    waiting = tmp_path / "wait_for_server.py"
+    waiting.write_text(WAIT_FOR_APP)
+    text = substitute(block(GPU_SERVER), [
+        ("--port 8000 &", f"--port {port} & server=$!; python {waiting} {port};"),
+        ("http://127.0.0.1:8000/classify", f"http://127.0.0.1:{port}/classify; kill $server; wait $server || true")])
+    reply = json.loads(run_block(text).stdout.strip().splitlines()[-1])
+    assert reply["label"] == "7" and reply["top"][0][0] == "7"
 
 
 def test_node_block_classifies_a_sample_without_python():

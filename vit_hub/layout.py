@@ -27,6 +27,9 @@ Its ONNX files (`--out models/vit-mnist/model.onnx`, or just the folder `models/
     model_attentions.onnx      logits and attentions (with --output-attentions), for rollout
     pipeline.onnx              decoded image in, probabilities out: the preprocessing, the network
                                  and a softmax in one graph, for apps in any language
+    preprocess.onnx            decoded image in, pixel_values [1, C, H, W] out: pipeline.onnx's
+                                 preprocessing alone, for the CPU provider beside a batched
+                                 network on the GPU (a server's route)
     model_int8.onnx            int8 dynamic quantization of model.onnx (with --quantize int8)
     model_fp16.onnx            float16 copies of the graphs above, float32 in and out, for
     model_attentions_fp16.onnx   the CUDA provider (with --precision fp16)
@@ -52,6 +55,7 @@ PIPELINE_OUTPUT = "probabilities"  # pipeline.onnx: float32 [classes]
 
 DEFAULT_STEM = "model"
 PIPELINE_STEM = "pipeline"
+PREPROCESS_STEM = "preprocess"
 ATTENTIONS_SUFFIX = "_attentions"
 INT8_SUFFIX = "_int8"
 FP16_SUFFIX = "_fp16"
@@ -140,6 +144,12 @@ class ExportLayout:
         return self.folder / f"{name}.onnx"
 
     @property
+    def preprocess(self) -> Path:
+        """The preprocessing graph: preprocess.onnx beside model.onnx (`<stem>_preprocess.onnx` for another stem)."""
+        name = PREPROCESS_STEM if self.stem == DEFAULT_STEM else f"{self.stem}_{PREPROCESS_STEM}"
+        return self.folder / f"{name}.onnx"
+
+    @property
     def int8(self) -> Path:
         return self.folder / f"{self.stem}{INT8_SUFFIX}.onnx"
 
@@ -165,6 +175,7 @@ class ExportLayout:
     @property
     def onnx_files(self) -> tuple[Path, ...]:
         """What a model dir ships of an export: the logits graph, the attentions graph (the
-        app's ONNX backend draws rollout from it), the pipeline graph, their float16 copies and the report."""
+        app's ONNX backend draws rollout from it), the pipeline graph, their float16 copies, the
+        preprocessing graph and the report."""
         graphs = (self.logits, self.attentions, self.pipeline)
-        return (*graphs, *(self.in_precision(graph, "fp16") for graph in graphs), self.report)
+        return (*graphs, *(self.in_precision(graph, "fp16") for graph in graphs), self.preprocess, self.report)

@@ -1,0 +1,179 @@
+"""Uploads classified the way a GPU server should: each upload preprocessed on ONNX Runtime's
+CPU provider in a worker thread, then the network once for many uploads on the provider
+`OnnxClassifier` picks (CUDA where it starts, with the float16 copy; else the CPU). Torch-free.
+
+    with UploadClassifier("models/vit-mnist") as server:     # a model dir with model.onnx
+        answers = server.classify([decoded_upload(path) for path in paths])   # one network run
+    answers[0].probabilities    # float32 [classes] in config.json's label order; None if refused
+    answers[0].refusal          # why it was refused, in one line ("expected an image of a digit, ...")
+    server.top_k(answers[0], 3) # [(label, probability), ...], best first
+
+Why split: pipeline.onnx runs a digit model's canonicalisation as graph control flow, which
+the CUDA provider ran 27x slower than the CPU provider on an H200 (BENCHMARKS.md, "A GPU
+server"), and it takes one image.
+Here the preprocessing is pipeline.onnx's own graph (`preprocess_graph`, equal to `preprocess`
+bit for bit for a digit model), on the CPU, one upload per thread (they release the GIL);
+the network takes a batch.
+
+The answers are the Python app's: that preprocessing, the network graph (checked and opened
+as OnnxClassifier does), a softmax at the config's temperature. The preprocessing graph is
+built from config.json in memory (a third of a second), so no graph file is trusted for it;
+preprocess.onnx, the same graph, is written by the export for apps in other languages.
+An upload's answer does not depend on the others in its batch: the network's rows are
+independent, up to the rounding of a batched matrix product (BATCH_TOLERANCE in float32 on the
+CPU provider; bench/gpu_server.py measures it on CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from PIL import Image
+
+from vit_hub.errors import UserError
+from vit_hub.processing.canonical import BLANK_IMAGE, NO_INK
+from vit_hub.processing.postprocess import softmax
+from vit_hub.processing.postprocess import top_k as rank_top_k
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
+
+from .pipeline_graph import TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels
+from .preprocess_graph import preprocessing_model, preprocessing_session, run_preprocessing
+from .runtime import OnnxClassifier
+from .session import ORT_ERRORS, ort_detail
+
+# Largest |batched - one at a time| per probability: float32 rounding of a batched matrix product.
+BATCH_TOLERANCE = 1e-5
+DEFAULT_BATCH = 64  # uploads per network run, at most
+# What the preprocessing graph refuses an upload for (it quotes one in its error).
+REFUSALS = (WRONG_CHANNELS, TOO_SMALL, TOO_LARGE, BLANK_IMAGE, NO_INK)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One upload's answer: its probabilities, or why it was refused."""
+
+    probabilities: np.ndarray | None  # float32 [classes], config.json's label order
+    refusal: str | None = None
+
+
+class UploadRefused(UserError):
+    """An upload the preprocessing refuses (no ink in a digit model, too small, too large)."""
+
+
+class UploadClassifier:
+    """Decoded uploads -> the app's answers, the network run once for a batch of them.
+
+    Args:
+        model: a model dir (or its model.onnx), with config.json.
+        providers, precision, strict, exact: the network's, as OnnxClassifier takes them
+            ("auto": CUDA and the float16 copy where CUDA starts, else the CPU and float32).
+        workers: uploads preprocessed at once (threads); default: one per core. Each gets
+            cores // workers of onnxruntime's threads; workers=1 gives one upload the threads
+            onnxruntime picks for a session (as pipeline.onnx gets them).
+        batch_size: uploads per network run, at most.
+    """
+
+    def __init__(self, model: str | Path, providers: str | Sequence[Any] = "auto", precision: str = "auto",
+                 strict: bool = False, exact: bool = False, workers: int | None = None,
+                 batch_size: int = DEFAULT_BATCH):
+        cores = available_cores()
+        self.workers = cores if workers is None else workers
+        if self.workers < 1 or batch_size < 1:
+            raise UserError(f"workers and batch_size: expected at least 1, got {self.workers} and {batch_size}")
+        self.network = OnnxClassifier(model, providers=providers, precision=precision, strict=strict, exact=exact)
+        self.config = self.network.config
+        self.config.check_has_head("classify uploads")
+        self.batch_size = batch_size
+        threads = None if self.workers == 1 else max(1, cores // self.workers)  # one: onnxruntime's own choice
+        self._preprocessing = preprocessing_session(preprocessing_model(self.config), threads)
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="vit-hub-preprocess")
+
+    @property
+    def providers(self) -> dict[str, list[str]]:
+        """Where each part runs: {"preprocessing": [CPU], "network": the network session's providers}."""
+        return {"preprocessing": self._preprocessing.get_providers(), "network": self.network.providers}
+
+    def preprocess(self, image: np.ndarray) -> np.ndarray:
+        """uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W]; an upload the
+        graph refuses raises UploadRefused naming why."""
+        try:
+            return run_preprocessing(self._preprocessing, check_image(image))
+        except ORT_ERRORS as error:
+            raise UploadRefused(refusal(error)) from None
+
+    def probabilities(self, pixel_values: np.ndarray) -> np.ndarray:
+        """float32 [N, C, H, W] -> probabilities [N, classes], in runs of batch_size uploads."""
+        logits = [self.network.run(pixel_values[start:start + self.batch_size])
+                  for start in range(0, len(pixel_values), self.batch_size)]
+        return softmax(np.concatenate(logits), self.config.temperature)
+
+    def classify(self, images: Sequence[np.ndarray]) -> list[Answer]:
+        """Decoded uploads (uint8 [height, width, channels] each) -> an Answer each, in order:
+        preprocessed in the worker threads, then one network run for all that were not refused."""
+        images = [check_image(image) for image in images]
+        prepared = list(self._pool.map(self._prepared, images))
+        kept = [index for index, item in enumerate(prepared) if isinstance(item, np.ndarray)]
+        answers = [Answer(None, item) if isinstance(item, str) else None for item in prepared]
+        if kept:
+            rows = self.probabilities(np.concatenate([prepared[index] for index in kept]))
+            for index, row in zip(kept, rows):
+                answers[index] = Answer(row)
+        return answers
+
+    def _prepared(self, image: np.ndarray) -> np.ndarray | str:
+        """pixel_values [1, C, H, W], or the refusal's message."""
+        try:
+            return self.preprocess(image)
+        except UploadRefused as refused:
+            return str(refused)
+
+    def top_k(self, answer: Answer, k: int = 5) -> list[tuple[str, float]]:
+        """An answer's k most likely (label, probability), best first; a refused one raises UploadRefused."""
+        if answer.probabilities is None:
+            raise UploadRefused(answer.refusal)
+        return rank_top_k(answer.probabilities[None], self.config.labels, k)[0]
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+    def __enter__(self) -> "UploadClassifier":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_image(image: Any) -> np.ndarray:
+    """A decoded upload as the preprocessing graph takes it: a uint8 NumPy array [height, width,
+    channels]; else TypeError or ValueError (a caller's mistake, not the upload's)."""
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+        found = f"dtype {image.dtype}" if isinstance(image, np.ndarray) else type(image).__name__
+        raise TypeError(f"expected a decoded upload as a uint8 NumPy array [height, width, channels], got {found} "
+                        f"(decoded_upload() decodes a file)")
+    if image.ndim != 3:
+        raise ValueError(f"expected a decoded upload of rank 3 [height, width, channels], got shape {list(image.shape)}")
+    return image
+
+
+def refusal(error: Exception) -> str:
+    """The one line an app shows for an upload the preprocessing graph refused."""
+    text = str(error)
+    return next((message for message in REFUSALS if message in text), ort_detail(error))
+
+
+def decoded_upload(source: str | Path | Image.Image) -> np.ndarray:
+    """An upload (a file, or an opened image) -> uint8 [height, width, channels], decoded as the
+    app decodes it: the size checked from the header, a JPEG over UPLOAD_MAX_PIXELS decoded
+    reduced, the EXIF orientation applied."""
+    image = source if isinstance(source, Image.Image) else open_image(source, max_pixels=UPLOAD_MAX_PIXELS)
+    return decoded_pixels(load_image(image))
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,0 +1,234 @@
+"""A GPU server's route (export/batched_runtime.py, export/preprocess_graph.py): uploads
+preprocessed on the CPU provider, the network once per batch; a batch gets the answers of one
+upload at a time and the Python app's, refused uploads their reason; the preprocessing stays
+on the CPU provider, and every node of the graphs meant for CUDA has a CUDA kernel for its
+types in onnxruntime 1.31 (a table from its docs/OperatorKernels.md, below)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+from PIL import Image
+
+from conftest import digit_on_paper
+from vit_hub.export import batched_runtime, preprocess_graph, session
+from vit_hub.export.batched_runtime import BATCH_TOLERANCE, UploadClassifier, decoded_upload
+from vit_hub.export.pipeline_graph import (TOO_SMALL, WRONG_CHANNELS, decoded_pixels, preprocessing_graph,
+                                           verification_uploads)
+from vit_hub.export.preprocess_graph import EXECUTION_PROVIDER, preprocessing_model, preprocessing_session
+from vit_hub.export.runtime import OnnxClassifier
+from vit_hub.export.session import CPU, CUDA
+from vit_hub.layout import GRAPH_INPUT, PIPELINE_INPUT, ExportLayout
+from vit_hub.model.config import ViTConfig
+from vit_hub.processing.canonical import BLANK_IMAGE, EmptyImageError
+from vit_hub.processing.postprocess import softmax
+from vit_hub.processing.preprocess import preprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "models" / "vit-mnist"
+LAYOUT = ExportLayout.for_model(MODEL_DIR)
+SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))
+
+
+@pytest.fixture(scope="module")
+def server():
+    with UploadClassifier(MODEL_DIR, providers="cpu", workers=2, batch_size=5) as classifier:
+        yield classifier
+
+
+@pytest.fixture(scope="module")
+def uploads(server):
+    """Generated uploads as people send them: digits as they are, photographed on paper, drawn
+    thin on a transparent canvas, with an alpha channel, and one on lit paper."""
+    images = [Image.open(path) for path in SAMPLES[:3]]
+    made = [image for _, image in verification_uploads(images, server.config)] + [digit_on_paper(SAMPLES[3])]
+    return [decoded_upload(image) for image in made], made
+
+
+def labels(answers) -> list[int | str]:
+    """Each answer's label index, or its refusal."""
+    return [answer.refusal or int(answer.probabilities.argmax()) for answer in answers]
+
+
+def test_a_batch_gets_the_answers_of_one_upload_at_a_time(server, uploads):
+    pixels, _ = uploads
+    batched = server.classify(pixels)  # 13 uploads, one refused (no ink): three network runs of at most 5
+    alone = [server.classify([upload])[0] for upload in pixels]
+    assert labels(batched) == labels(alone) and sum(answer.refusal is None for answer in batched) == 12
+    for together, single in zip(batched, alone):
+        if together.refusal is None:
+            np.testing.assert_allclose(together.probabilities, single.probabilities, atol=BATCH_TOLERANCE, rtol=0)
+
+
+def test_the_answers_are_the_python_apps(server, uploads):
+    pixels, images = uploads
+    network = OnnxClassifier(MODEL_DIR, providers="cpu")
+    for answer, image in zip(server.classify(pixels), images):
+        try:
+            pixel_values = preprocess(image, server.config)[None]
+        except EmptyImageError as refused:
+            assert answer.refusal == str(refused)
+            continue
+        expected = softmax(network.run(pixel_values), server.config.temperature)[0]
+        assert int(answer.probabilities.argmax()) == int(expected.argmax())
+        np.testing.assert_allclose(answer.probabilities, expected, atol=BATCH_TOLERANCE, rtol=0)
+
+
+def test_a_refused_upload_gets_its_reason_and_the_others_their_answers(server, uploads):
+    pixels, _ = uploads
+    refused = [np.full((40, 40, 1), 200, np.uint8), np.zeros((1, 40, 3), np.uint8), np.zeros((40, 40, 5), np.uint8)]
+    answers = server.classify([pixels[0], *refused, pixels[1]])
+    assert [answer.refusal for answer in answers] == [None, BLANK_IMAGE, TOO_SMALL, WRONG_CHANNELS, None]
+    assert labels([answers[0], answers[-1]]) == labels(server.classify([pixels[0], pixels[1]]))
+    with pytest.raises(batched_runtime.UploadRefused, match="no ink"):
+        server.top_k(answers[1])
+    assert server.top_k(answers[0], 2)[0][0] in server.config.labels
+
+
+@pytest.mark.parametrize("image, error", [(np.zeros((40, 40, 3), np.float32), TypeError),
+                                          ("digit.png", TypeError), (np.zeros((40, 40), np.uint8), ValueError)],
+                         ids=["float pixels", "a path", "rank 2"])
+def test_a_callers_mistake_is_one_error_for_the_call(server, image, error):
+    with pytest.raises(error, match="expected a decoded upload"):
+        server.classify([image])
+
+
+def test_the_preprocessing_runs_on_the_cpu_provider_whatever_runs_the_network(monkeypatch):
+    asked = []
+    real_session = ort.InferenceSession
+
+    def recording(source, options=None, providers=None):
+        asked.append((source, providers))
+        return real_session(source, options, providers=[CPU])
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    monkeypatch.setattr(session, "cuda_can_start", lambda: True)  # as on a GPU machine: CUDA is asked for
+    with pytest.warns(RuntimeWarning, match="running on CPUExecutionProvider"):  # no GPU here after all
+        server = UploadClassifier(MODEL_DIR, providers=[CUDA, CPU], workers=1)
+    network = [providers for source, providers in asked if not isinstance(source, bytes)]
+    preprocessing = [providers for source, providers in asked if isinstance(source, bytes)]  # built in memory
+    assert network == [[CUDA, CPU]] and preprocessing == [[CPU]]
+    assert server.providers["preprocessing"] == [CPU]
+    server.close()
+
+
+def test_the_bundled_preprocessing_graph_is_the_runtimes_and_meant_for_the_cpu():
+    bundled = onnx.load(str(LAYOUT.preprocess))
+    built = preprocessing_model(OnnxClassifier(MODEL_DIR, providers="cpu").config)
+    assert bundled.graph.SerializeToString() == built.graph.SerializeToString()
+    assert {entry.key: entry.value for entry in bundled.metadata_props}[EXECUTION_PROVIDER] == CPU
+    assert [value.name for value in bundled.graph.output] == [GRAPH_INPUT]
+
+
+def test_the_bundled_preprocessing_graph_gives_the_python_paths_pixels_bit_for_bit(server):
+    session = preprocessing_session(LAYOUT.preprocess)
+    for path in SAMPLES[:4]:
+        image = digit_on_paper(path)
+        got = session.run([GRAPH_INPUT], {PIPELINE_INPUT: decoded_pixels(image)})[0]
+        np.testing.assert_array_equal(got, preprocess(image, server.config)[None])
+
+
+def test_an_export_refuses_a_preprocessing_graph_that_drifts_from_the_python_path(monkeypatch, tmp_path):
+    """A graph that forgets a step (the normalisation's mean) is reported and not written; the
+    export fails naming the uploads it disagreed on."""
+    from vit_hub.export import VerificationError, export_onnx
+
+    def drifting(config):
+        return preprocessing_graph(ViTConfig.from_dict({**config.to_dict(), "mean": [0.0]}))
+
+    monkeypatch.setattr(preprocess_graph, "preprocessing_graph", drifting)
+    with pytest.raises(VerificationError, match="preprocess.onnx on image 0: expected the Python path's pixel values"):
+        export_onnx(MODEL_DIR, tmp_path / "model.onnx")
+    assert not (tmp_path / "preprocess.onnx").exists() and (tmp_path / "pipeline.onnx").is_file()
+    report = json.loads((tmp_path / "model_export_report.json").read_text())
+    assert report["preprocess"]["failures"] and not report["pipeline"]["pipeline.onnx"]["failures"]
+
+
+# The CUDA provider's kernels ---------------------------------------------------------------------
+# From onnxruntime's docs/OperatorKernels.md (microsoft/onnxruntime at 001d12d, the kernels of the
+# 1.31 line), "Operators implemented by CUDAExecutionProvider": for each operator the graphs meant
+# for CUDA use, the types its kernel takes, per input (by the input's type constraint), for the
+# kernel that serves opset 18 (the export's) or, for ONNX Runtime's own operators, version 1.
+FLOATS = {"float", "float16", "double", "bfloat16"}
+NUMBERS = FLOATS | {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+ANY = NUMBERS | {"bool"}
+INDICES = {"int32", "int64"}
+CUDA_KERNELS_OPSET = 18
+CUDA_KERNELS: dict[tuple[str, str], dict[int, set[str]]] = {
+    ("", "Add"): {0: NUMBERS}, ("", "Sub"): {0: NUMBERS}, ("", "Mul"): {0: NUMBERS}, ("", "Div"): {0: NUMBERS},
+    ("", "Cast"): {0: ANY}, ("", "Concat"): {0: ANY}, ("", "ConstantOfShape"): {0: {"int64"}},
+    ("", "Conv"): {0: {"float", "float16", "double"}},  # [11, 21]
+    ("", "Equal"): {0: {"bool", "int32", "int64", "uint32", "uint64", "float", "float16", "double"}},
+    ("", "Erf"): {0: FLOATS}, ("", "Exp"): {0: FLOATS}, ("", "Tanh"): {0: FLOATS}, ("", "Relu"): {0: FLOATS},
+    ("", "Expand"): {0: ANY, 1: {"int64"}}, ("", "Gather"): {0: ANY, 1: INDICES},
+    ("", "Gemm"): {0: FLOATS}, ("", "MatMul"): {0: FLOATS}, ("", "Softmax"): {0: FLOATS},
+    ("", "LayerNormalization"): {0: FLOATS},  # 17+
+    ("", "Pad"): {0: {"bool", "float", "float16", "double"}},  # 18+: no integer types
+    ("", "ReduceMean"): {0: {"float", "float16", "double", "int32"}},  # 18+
+    ("", "Reshape"): {0: ANY, 1: {"int64"}}, ("", "Shape"): {0: ANY}, ("", "Slice"): {0: ANY, 1: INDICES},
+    ("", "Split"): {0: ANY}, ("", "Squeeze"): {0: ANY}, ("", "Unsqueeze"): {0: ANY}, ("", "Transpose"): {0: ANY},
+    ("", "Where"): {0: {"bool"}, 1: {"bfloat16", "float", "float16", "double", "int32", "int64", "uint8"}},  # 16+
+    ("com.microsoft", "BiasGelu"): {0: FLOATS},
+    ("com.microsoft", "MultiHeadAttention"): {0: {"bfloat16", "float", "float16"}},
+    ("com.microsoft", "SkipLayerNormalization"): {0: {"bfloat16", "float", "float16"}},
+}
+TYPE_NAMES = {"float32": "float", "float64": "double"}  # NumPy's names where the table's differ
+
+
+def value_types(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, str]:
+    """The element type of every value of the main graph, as onnxruntime's CPU provider makes it."""
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    known = {**feed, **{tensor.name: numpy_helper.to_array(tensor) for tensor in probe.graph.initializer}}
+    wanted = [name for node in probe.graph.node for name in node.output if name and name not in known]
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in wanted)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=[CPU])
+    known.update(zip(wanted, session.run(wanted, feed)))
+    return {name: TYPE_NAMES.get(value.dtype.name, value.dtype.name) for name, value in known.items()}
+
+
+def nodes_without_cuda_kernel(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[str]:
+    """'<op> on <types>' for each node (Constant aside) whose types the CUDA provider has no kernel
+    for, '<op>: not in the table' for one the table does not list."""
+    opsets = {entry.domain: entry.version for entry in model.opset_import}
+    assert opsets.get("", opsets.get("ai.onnx")) == CUDA_KERNELS_OPSET, "the table holds the opset-18 kernels"
+    types = value_types(model, feed)
+    missing = []
+    for node in model.graph.node:
+        kernel = CUDA_KERNELS.get((node.domain, node.op_type))
+        found = [types[name] if name else None for name in node.input]
+        if node.op_type == "Constant":
+            continue
+        if kernel is None:
+            missing.append(f"{node.op_type}: not in the table")
+        elif any(index < len(found) and found[index] is not None and found[index] not in allowed
+                 for index, allowed in kernel.items()):
+            missing.append(f"{node.op_type} on {', '.join(map(str, found))}")
+    return missing
+
+
+@pytest.mark.parametrize("graph", ["logits", "fp16"])
+def test_every_node_of_the_graphs_meant_for_cuda_has_a_cuda_kernel(graph):
+    path = LAYOUT.logits if graph == "logits" else LAYOUT.in_precision(LAYOUT.logits, "fp16")
+    feed = {GRAPH_INPUT: np.zeros((2, 1, 28, 28), np.float32)}
+    assert nodes_without_cuda_kernel(onnx.load(str(path)), feed) == []
+
+
+def test_the_kernel_check_finds_what_cuda_has_no_kernel_for():
+    def padded(dtype: int) -> onnx.ModelProto:
+        pads = numpy_helper.from_array(np.array([1, 1], np.int64), "pads")
+        nodes = [helper.make_node("Pad", ["x", "pads"], ["padded"]), helper.make_node("Abs", ["padded"], ["y"])]
+        graph = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", dtype, [2])],
+                                  [helper.make_tensor_value_info("y", dtype, [4])], [pads])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+    assert nodes_without_cuda_kernel(padded(onnx.TensorProto.FLOAT), {"x": np.zeros(2, np.float32)}) == \
+        ["Abs: not in the table"]  # an operator the table does not list fails until it is added
+    assert nodes_without_cuda_kernel(padded(onnx.TensorProto.UINT8), {"x": np.zeros(2, np.uint8)}) == \
+        ["Pad on uint8, int64", "Abs: not in the table"]  # CUDA's Pad takes no integers
