@@ -16,8 +16,9 @@ The reference is the Python app (its ONNX backend): the upload read as the app r
 Measured, written to --out as JSON and printed:
   labels       each route's labels against the reference on every upload (pipeline.onnx on
                CUDA: every --cuda-pipeline-every-th upload, since each new shape costs it about
-               a second), and the largest probability difference; on CUDA also the batched
-               route in float32 (TF32), to tell the float16 copy's part;
+               a second), and the largest probability difference (the batched route's also
+               from the same uploads one at a time); on CUDA also the batched route in float32
+               (TF32), to tell the float16 copy's part;
   fresh        ms per upload whose shape no session has seen (--fresh real uploads, each resized
                by a few pixels to a size used nowhere else in the run, routes interleaved):
                median and each;
@@ -149,10 +150,14 @@ class ProviderRun:
                 "pipeline_providers": self.pipeline.get_providers(), "workers": self.server.workers}
 
     def labels(self, images: list[np.ndarray], expected: list, pipeline_every: int, model: Path) -> dict[str, Any]:
-        found = {"route": agreement([self.latency.classify([image])[0].probabilities for image in images], expected),
-                 "batched": agreement(answers_of(self.server.classify(images)), expected),
+        """Each route's agreement with the app; for the batched route also its largest probability
+        difference from the same uploads one at a time."""
+        alone = [self.latency.classify([image])[0].probabilities for image in images]
+        batched = answers_of(self.server.classify(images))
+        found = {"route": agreement(alone, expected), "batched": agreement(batched, expected),
                  "pipeline": agreement([pipeline_probabilities(self.pipeline, image)
                                         for image in images[::pipeline_every]], expected[::pipeline_every])}
+        found["batched"]["max_diff_from_one_at_a_time"] = agreement(batched, alone)["max_probability_diff"]
         if self.server.network.precision != "fp32":
             with UploadClassifier(model, providers=self.provider, strict=True, precision="fp32") as exact:
                 found["batched_fp32"] = agreement(answers_of(exact.classify(images)), expected)

@@ -9,7 +9,8 @@ CPU provider in a worker thread, then the network once for many uploads on the p
     server.top_k(answers[0], 3) # [(label, probability), ...], best first
 
 Why split: pipeline.onnx runs a digit model's canonicalisation as graph control flow, which
-the CUDA provider runs 27x slower than the CPU provider (issue 52), and it takes one image.
+the CUDA provider ran 27x slower than the CPU provider on an H200 (BENCHMARKS.md, "A GPU
+server"), and it takes one image.
 Here the preprocessing is pipeline.onnx's own graph (`preprocess_graph`, equal to `preprocess`
 bit for bit for a digit model), on the CPU, one upload per thread (they release the GIL);
 the network takes a batch.
@@ -19,7 +20,8 @@ as OnnxClassifier does), a softmax at the config's temperature. The preprocessin
 built from config.json in memory (a third of a second), so no graph file is trusted for it;
 preprocess.onnx, the same graph, is written by the export for apps in other languages.
 An upload's answer does not depend on the others in its batch: the network's rows are
-independent, up to the rounding of a batched matrix product (BATCH_TOLERANCE).
+independent, up to the rounding of a batched matrix product (BATCH_TOLERANCE in float32 on the
+CPU provider; bench/gpu_server.py measures it on CUDA).
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ The graph is `pipeline_graph.preprocessing_graph`, the operators pipeline.onnx s
 with its output named as the network's input. It is meant for ONNX Runtime's CPU provider
 (its metadata says so: EXECUTION_PROVIDER): a digit model's canonicalisation is control flow
 (Loop, If) over small planes and large convolutions on the full picture, which the CUDA
-provider runs with a host sync per step, 27x slower than the CPU provider per upload on an
-H200 (issue 52). Each upload is preprocessed on the CPU, and the network, which the CUDA
-provider runs well, takes many at once.
+provider runs with a host sync per step: 27x slower than the CPU provider per upload on an
+H200 (BENCHMARKS.md, "A GPU server"). Each upload is preprocessed on the CPU, and the network,
+which the CUDA provider runs well, takes many at once.
 
 Every export checks the graph against the Python path on the uploads pipeline.onnx is checked
 on: the same pixel values within PIXEL_TOLERANCE (a digit model's are equal bit for bit), and
