@@ -114,7 +114,7 @@ class UploadClassifier:
 
     def classify(self, images: Sequence[np.ndarray]) -> list[Answer]:
         """Decoded uploads (uint8 [height, width, channels] each) -> an Answer each, in order:
-        preprocessed in the worker threads, then one network run for all that were not refused."""
+        preprocessed in the worker threads, then the network once per batch_size of those not refused."""
         images = [check_image(image) for image in images]
         prepared = list(self._pool.map(self._prepared, images))
         kept = [index for index, item in enumerate(prepared) if isinstance(item, np.ndarray)]
