@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from vit_hub.console import OneLineErrorParser, add_field_flags, run_reporting_errors
+from vit_hub.console import OneLineErrorParser, add_field_flags, escaped, run_reporting_errors
 from vit_hub.errors import UserError
 from vit_hub.hub.push_pull import add_hub_commands, run_pull, run_push
 from vit_hub.layout import ModelDir
@@ -248,8 +248,8 @@ def run_predict(args: argparse.Namespace) -> None:
 
     model = load_model(args.model)
     for path, ranked in zip(args.images, predict_images(model, args.images, args.top_k)):
-        shown = "  ".join(f"{label} {probability:.3f}" for label, probability in ranked)
-        print(f"{path}: {shown}")
+        shown = "  ".join(f"{escaped(label)} {probability:.3f}" for label, probability in ranked)
+        print(f"{escaped(str(path))}: {shown}")
 
 
 def run_info(args: argparse.Namespace) -> None:
