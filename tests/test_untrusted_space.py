@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from conftest import assert_one_line
 from vit_hub.cli import main
 from vit_hub.errors import UserError
+from vit_hub.hub import space as space_module
 from vit_hub.hub.import_model import SourceFiles, source_license
 from vit_hub.hub.repos import push_to_hub
 from vit_hub.hub.space import MARKER_FILE, SETTINGS_FILE, read_settings
@@ -92,6 +93,75 @@ def test_a_space_folder_is_replaced_only_while_unchanged(hub, model_dir, tmp_pat
     code, stderr = space(model_dir, out)
     assert code == 2 and "'app.py' changed since it was written" in assert_one_line(stderr)
     assert (out / "app.py").read_text() == "edited by hand"
+
+
+def test_a_space_folder_missing_a_file_it_lists_is_refused(hub, model_dir, tmp_path):
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    (out / "requirements.txt").unlink()
+    before = files_of(out)
+    code, stderr = space(model_dir, out)
+    assert code == 2 and "'requirements.txt' added or removed since" in assert_one_line(stderr)
+    assert files_of(out) == before
+
+
+def space_printing(model: Path | str, out: Path | str) -> tuple[int, str]:
+    """`vit-hub space MODEL --dry-run --out OUT` in this process: (exit code, stdout)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["space", str(model), "--repo-id", SPACE, "--dry-run", "--out", str(out)])
+    return code, printed.getvalue()
+
+
+def backups(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.replaced-*"))
+
+
+def test_files_added_or_edited_behind_a_re_hashed_marker_are_kept_in_a_backup(hub, model_dir, tmp_path):
+    """A person who adds notes.txt and rewrites app.py, then re-hashes the marker, passes the
+    check; the new Space replaces the folder, and the old one stays beside it, named."""
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    (out / "notes.txt").write_text("added by hand")
+    (out / "app.py").write_text("edited by hand")
+    listed = [line.partition("  ")[2] for line in (out / MARKER_FILE).read_text().splitlines()]
+    (out / MARKER_FILE).write_text(space_module._manifest(out, [*listed, "notes.txt"]))
+    code, printed = space_printing(model_dir, out)
+    assert code == 0
+    [backup] = backups(tmp_path)
+    assert f"kept the folder it replaced as {backup}" in printed
+    assert (backup / "notes.txt").read_text() == "added by hand" and (backup / "app.py").read_text() == "edited by hand"
+    assert not (out / "notes.txt").exists() and (out / "app.py").read_text() != "edited by hand"
+    assert space(model_dir, out)[0] == 0 and backups(tmp_path) == [backup]  # unchanged: replaced, nothing kept
+
+
+def test_a_file_written_between_the_check_and_the_swap_is_kept(hub, model_dir, tmp_path, monkeypatch):
+    """While the new Space is written beside it, a person writes notes.txt into the folder and
+    edits app.py: both are in the backup the swap keeps."""
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    manifest = space_module._manifest
+
+    def meanwhile(folder, files):  # runs in the new folder, after the check of `out`, before the swap
+        (out / "notes.txt").write_text("written meanwhile")
+        (out / "app.py").write_text("edited meanwhile")
+        return manifest(folder, files)
+
+    monkeypatch.setattr(space_module, "_manifest", meanwhile)
+    assert space(model_dir, out)[0] == 0
+    [backup] = backups(tmp_path)
+    assert (backup / "notes.txt").read_text() == "written meanwhile"
+    assert (backup / "app.py").read_text() == "edited meanwhile"
+
+
+def test_out_dot_from_inside_the_space_folder_replaces_it(hub, model_dir, tmp_path, monkeypatch):
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    written = files_of(out)
+    monkeypatch.chdir(out)
+    code, stderr = space(model_dir, ".")
+    assert code == 0, stderr
+    assert files_of(out) == written and sorted(path.name for path in tmp_path.iterdir()) == ["model", "space"]
 
 
 def test_the_model_inside_the_space_folder_is_never_deleted(hub, model_dir, tmp_path):

@@ -305,8 +305,8 @@ def run_space(args: argparse.Namespace) -> None:
         from vit_hub.hub.static_space import write_static_space
 
         written = write_static_space(args.model, out, args.repo_id, args.onnxruntime_web, args.demo_url)
-        size = sum((out / name).stat().st_size for name in written.files)
-        print(f"wrote the static Space to {out}: {len(written.files)} files, {size / 1e6:.1f} MB, running "
+        size = sum((written.folder / name).stat().st_size for name in written.files)
+        print(f"wrote the static Space to {written.folder}: {len(written.files)} files, {size / 1e6:.1f} MB, running "
               f"{args.model}'s pipeline.onnx in the browser")
     else:
         from vit_hub.export.graph_check import check_graph  # what the Space's app checks at start, checked now
@@ -314,7 +314,11 @@ def run_space(args: argparse.Namespace) -> None:
         written = write_space(args.model, out, args.repo_id, args.revision, args.token, check_graph=check_graph)
         served = (f"{written.settings.model}@{written.settings.revision}" if written.settings.revision
                   else f"{args.model}, bundled")
-        print(f"wrote the Space to {out}: {len(written.files)} files, serving {served}")
+        print(f"wrote the Space to {written.folder}: {len(written.files)} files, serving {served}")
+    if written.backup is not None:
+        print(f"kept the folder it replaced as {written.backup}: it holds files the new Space lacks or has "
+              f"otherwise; delete it once nothing in it is needed")
+    out = written.folder  # absolute: with `--out .` the working folder is now the backup
     if args.dry_run:
         print(f"not uploaded (--dry-run); without it the Space goes to {space_url(args.repo_id)}")
         return

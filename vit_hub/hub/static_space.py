@@ -66,8 +66,7 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
     contents = {**{f"ort/{name}": data for name, data in onnxruntime_web(ort_web).items()},
                 f"{STATIC_MODEL}/model.json": json.dumps(described, indent=2) + "\n",
                 ModelDir.card: _readme(title, _licence(ModelDir(model_dir).card))}
-    files = write_folder(out, copies, contents)
-    return WrittenSpace(out, SpaceSettings(STATIC_MODEL, None, backend="browser"), files)
+    return write_folder(out, copies, contents, SpaceSettings(STATIC_MODEL, None, backend="browser"))
 
 
 def _model_files(model_dir: Path) -> tuple[Path, list[Path]]:
