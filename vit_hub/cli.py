@@ -302,9 +302,11 @@ def run_space(args: argparse.Namespace) -> None:
 
     out = Path(args.out or args.repo_id.rpartition("/")[2])
     if args.static:
+        from vit_hub.export.pipeline_check import check_pipeline  # what the page needs to run, checked now
         from vit_hub.hub.static_space import write_static_space
 
-        written = write_static_space(args.model, out, args.repo_id, args.onnxruntime_web, args.demo_url)
+        written = write_static_space(args.model, out, args.repo_id, args.onnxruntime_web, args.demo_url,
+                                     check_pipeline=check_pipeline)
         size = sum((written.folder / name).stat().st_size for name in written.files)
         print(f"wrote the static Space to {written.folder}: {len(written.files)} files, {size / 1e6:.1f} MB, running "
               f"{args.model}'s pipeline.onnx in the browser")
