@@ -23,7 +23,7 @@ BUNDLED_DIGITS = Path(__file__).resolve().parents[1] / "bundled" / ModelDir.samp
 MAX_SAMPLES = 12
 MAX_SAMPLE_BYTES = 2 * 2**20
 SAMPLE_SIDE = 256  # a larger validation image is kept scaled down to this longer side
-MAX_SAMPLE_PIXELS = 2**20  # a sample offered: 16 times what write_samples keeps, room for one put there by hand
+MAX_SAMPLE_PIXELS = 1024 * 1024  # a sample offered: 16 times what write_samples keeps, room for one put there by hand
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")  # kept as they are; others become RGB
 
 
