@@ -45,7 +45,7 @@ STATIC_MODEL = "model"  # the graph and model.json inside the Space
 SAMPLES = ModelDir.samples  # the sample images inside the Space, named as in a model dir
 # The check of pipeline.onnx before it is bundled (vit_hub.export's check_pipeline, given by the
 # caller: this module never imports vit_hub.export): (graph, config, weights, a sample or None).
-PipelineCheck = Callable[[Path, ViTConfig, Path, "Path | None"], None]
+PipelineCheck = Callable[[Path, ViTConfig, Path, Path | None], None]
 
 
 def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web: str | Path | None = None,
