@@ -295,7 +295,7 @@ def _compare(graph: ort.InferenceSession, network: ort.InferenceSession, image: 
     ranked = np.sort(expected)[::-1]
     label_differs = int(got.argmax()) != int(expected.argmax()) and ranked[0] - ranked[1] > tolerance
     row = {"max_abs_diff": difference, "label": config.labels[int(expected.argmax())], "same_label": not label_differs}
-    if not (label_differs or difference > tolerance):
+    if not label_differs and difference <= tolerance:  # NaN fails
         return row, None
     return row, (f"expected the Python path's probabilities within {tolerance:g} and its label {row['label']!r}, "
                  f"got {config.labels[int(got.argmax())]!r} and a difference of {difference:.2g}")

@@ -509,12 +509,13 @@ NOT_AN_EXAMPLE = "Could not preprocess input component at index 0 (a `dataset` c
 
 
 def assert_refused_by_gradio(url: str, event: str, data, server_log: str, reason: str) -> None:
-    """Gradio refused the request for `reason`, found in the server's log: an error event with
-    the app's one line for such refusals (never Gradio's own text, which may name a server
-    path), and no frame of this project's code in the log, so nothing of ours ran, let alone
-    crashed."""
+    """Gradio refused the request for `reason`, found in the server's log as one line: an error
+    event with the app's one line for such refusals (never Gradio's own text, which may name a
+    server path), and no frame of this project's code in the log, so nothing of ours ran, let
+    alone crashed."""
     assert_refused(url, event, data, uploads.REFUSED_BY_GRADIO)
-    assert reason in server_log, server_log
+    assert reason in server_log and "Traceback" not in server_log, server_log
+    assert len(refused_by_gradio_log(server_log)) == 1, server_log  # one line a refusal
     ours = (f'File "{Path(vit_hub.__file__).parent}{os.sep}', f'File "{REPO / "app.py"}"')
     assert not any(frame in server_log for frame in ours), server_log
 
@@ -644,3 +645,41 @@ def test_the_drawing_handler_opens_no_path_itself(composite):
         uploads.read_drawing({"composite": composite}, (28, 28))
     assert_one_line(error.value.message, "expected the drawing as an image, got")
     assert str(SERVER_FILE) not in error.value.message
+
+
+def refused_by_gradio_log(server_log: str) -> list[str]:
+    """The lines the server logged for requests Gradio's own checks refused."""
+    return [line for line in server_log.splitlines() if line.startswith("refused a request")]
+
+
+@pytest.mark.parametrize("k, method", [(float("inf"), "rollout"), (float("-inf"), "rollout"), (3, {"rollout": 1})],
+                         ids=["k=inf", "k=-inf", "dict-method"])
+def test_a_drawing_request_gradio_refuses_is_one_line_in_the_server_log(server, k, method, capfd):
+    """/explain_drawing's controls go through Gradio's own checks (its slider and dropdown) before
+    the app's handler: a refusal there is one line in the log, no traceback."""
+    capfd.readouterr()
+    image = file_data(upload(server, SAMPLE), orig_name=SAMPLE.name)
+    event, data = call(server, "explain_drawing", [{"background": None, "layers": [], "composite": image},
+                                                   "mean", 0.0, k, method])
+    assert event == "error", data
+    log = capfd.readouterr().err
+    assert "Traceback" not in log, log
+    [line] = refused_by_gradio_log(log)
+    assert_one_line(line.replace("refused a request", "expected a request", 1) + " (found)")
+
+
+def test_only_a_refusal_that_never_reached_the_app_is_logged_in_one_line(capsys):
+    """A failure inside vit_hub's code is a bug: the log keeps its traceback."""
+    from vit_hub.model.config import ViTConfig
+
+    logged = uploads.OneLineRefusals()
+    try:
+        raise ValueError("Value inf is greater than maximum value 10.\nsecond line")
+    except ValueError:
+        logged.print_exc()
+    assert capsys.readouterr().err == "refused a request: ValueError: Value inf is greater than maximum value 10.\n"
+    try:
+        ViTConfig(depth="deep")
+    except ValueError:
+        logged.print_exc()
+    assert "Traceback" in capsys.readouterr().err

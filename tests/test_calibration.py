@@ -57,7 +57,7 @@ def test_a_config_without_a_temperature_loads_as_uncalibrated_and_a_bad_one_is_r
     values = ViTConfig(**tiny_config()).to_dict()
     del values["temperature"]
     assert ViTConfig.from_dict(values).temperature == 1.0
-    with pytest.raises(ConfigError, match="temperature: expected a positive number"):
+    with pytest.raises(ConfigError, match="temperature: expected a number from 0.05 to 20.0"):
         ViTConfig(**tiny_config(temperature=0.0))
 
 

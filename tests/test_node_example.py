@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
-from conftest import digit_on_paper, train_tiny
+from conftest import assert_one_line, digit_on_paper, train_tiny
 from vit_hub.export import OnnxClassifier, export_onnx
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
 
@@ -99,3 +99,19 @@ def test_node_gives_an_rgb_photo_models_labels(split_image_folder, tmp_path):
     expected = python_app_answers(model_dir, photos)
     decided = [(row["label"], ranking[0][0]) for row, ranking in zip(rows, expected) if ranking[0][1] - ranking[1][1] > 1e-3]
     assert len(decided) >= 8 and all(node == python for node, python in decided)
+
+
+def test_another_models_graph_is_refused_in_one_line(tmp_path):
+    """pipeline.onnx of a 10-class model beside the config.json of a 12-class one: the labels'
+    count is checked against the graph's output before any image runs."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "pipeline.onnx").write_bytes((MODEL_DIR / "pipeline.onnx").read_bytes())
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    config.update(labels=[f"class {index}" for index in range(12)], num_classes=12)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    done = subprocess.run(["node", "classify.mjs", str(model_dir), str(SAMPLES[0])], cwd=EXAMPLE,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert_one_line(done.stderr, "expected pipeline.onnx to give one probability per label of config.json (12 labels), "
+                                 "found probabilities of shape [10]")

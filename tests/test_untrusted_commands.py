@@ -18,7 +18,7 @@ from vit_hub.cli import main
 from vit_hub.hub.key_mapping import distinct
 from vit_hub.model.config import ViTConfig
 from vit_hub.model.fields import ConfigError
-from vit_hub.train.settings import OUT_LOCK, holding_out
+from vit_hub.train.settings import OUT_LOCK, TrainingError, holding_out
 
 
 def run_vit_hub(*argv) -> tuple[int, str]:
@@ -131,3 +131,39 @@ def test_a_second_run_into_an_out_being_written_is_refused_naming_the_first(imag
     code, stderr = run_vit_hub("train", "--data", image_folder, "--out", out, "--epochs", "1", *TINY_TRAIN_FLAGS)
     assert code == 0, stderr
     assert (out / "model.safetensors").is_file() and not (out / OUT_LOCK).exists()
+
+
+def test_a_lock_that_is_a_link_is_refused_and_the_file_it_points_to_kept(image_folder, tmp_path):
+    """A link at --out/.vit-hub-train.lock is not followed: the file it points to keeps its bytes."""
+    out, precious = tmp_path / "out", tmp_path / "precious.txt"
+    out.mkdir()
+    precious.write_text("a person's notes\n")
+    (out / OUT_LOCK).symlink_to(precious)
+    code, stderr = run_vit_hub("train", "--data", image_folder, "--out", out, "--epochs", "1", *TINY_TRAIN_FLAGS)
+    assert code == 2
+    assert_one_line(stderr.removeprefix("error: "), f"--out {out}: expected {OUT_LOCK} in it to be a regular file, "
+                                                    f"found a link")
+    assert precious.read_text() == "a person's notes\n" and (out / OUT_LOCK).is_symlink()
+
+
+def test_a_lock_that_is_a_fifo_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / OUT_LOCK)
+    with pytest.raises(TrainingError) as refused:
+        with holding_out(out):
+            pass
+    assert_one_line(str(refused.value), f"expected {OUT_LOCK} in it to be a regular file, found a FIFO")
+
+
+def test_the_holder_named_in_a_refusal_is_printed_escaped(tmp_path):
+    """The lock's line is text any process could have written: a newline or a terminal escape
+    in it is shown as its escape, and cannot forge a line of its own."""
+    out = tmp_path / "out"
+    with holding_out(out):
+        (out / OUT_LOCK).write_text("process 1\nerror: forged line\x1b[2K")
+        with pytest.raises(TrainingError) as refused:
+            with holding_out(out):
+                pass
+    message = assert_one_line(str(refused.value), r"held by process 1\nerror: forged line\x1b[2K; wait")
+    assert "\x1b" not in message

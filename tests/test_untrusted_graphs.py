@@ -409,3 +409,25 @@ def test_sigkill_of_python_m_export_never_leaves_a_cut_or_mismatched_graph(model
     assert subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=300).returncode == 0
     OnnxClassifier(folder, providers="cpu").run(np.zeros((1, 3, 16, 16), np.float32), output_attentions=True)
     assert not list(folder.glob(".export-*"))  # the killed runs' staging folders are cleared
+
+
+def test_the_pipeline_check_of_an_export_fails_on_nan_probabilities():
+    """A comparison that NaN passes (`nan > tolerance` is False) would let a graph that answers
+    NaN through the export's check of pipeline.onnx."""
+    from PIL import Image
+
+    from vit_hub.export.pipeline_graph import _compare
+    from vit_hub.model.config import ViTConfig
+
+    class Answering:  # an onnxruntime session that answers `values`
+        def __init__(self, values):
+            self.values = values
+
+        def run(self, names, feeds, options=None):
+            return [self.values]
+
+    config = ViTConfig(**tiny_config(labels=["a", "b"]))
+    image = Image.new("RGB", (16, 16), "gray")
+    _, failure = _compare(Answering(np.full(2, np.nan, np.float32)), Answering(np.zeros((1, 2), np.float32)),
+                          image, config, 1e-4)
+    assert failure is not None and "difference of nan" in failure

@@ -309,7 +309,7 @@ def test_a_faithfulness_json_the_page_cannot_use_falls_back_to_the_default_with_
 
 
 # The model card escapes labels and folder names ------------------------------------------------
-HOSTILE_LABELS = ["<img src=x onerror=alert(1)>", "a|b", "line\nbreak", "[link](javascript:alert(1))"]
+HOSTILE_LABELS = ["<img src=x onerror=alert(1)>", "a|b", "line break", "[link](javascript:alert(1))"]
 
 
 def card_prose(card: str) -> str:
@@ -338,17 +338,67 @@ def test_hostile_labels_and_folder_names_are_escaped_in_the_model_card(tmp_path)
 
 
 @pytest.mark.slow
-def test_class_folders_named_with_html_and_newlines_train_into_an_escaped_card(tmp_path):
+def test_class_folders_named_with_html_train_into_an_escaped_card(tmp_path):
     """The labels of a trained model are its class-folder names."""
     data = tmp_path / "data"
     write_class_folders(data, per_class=6, seed=0)
-    for old, new in zip(sorted(path.name for path in data.iterdir()), ["<img src=x onerror=alert(1)>", "a|b\nc"]):
+    for old, new in zip(sorted(path.name for path in data.iterdir()), ["<img src=x onerror=alert(1)>", "a|b c"]):
         (data / old).rename(data / new)
     code, stderr = run_vit_hub("train", "--data", data, "--out", tmp_path / "out", "--epochs", "1", *TINY_TRAIN_FLAGS)
     assert code == 0, stderr
     card = (tmp_path / "out" / "README.md").read_text()
     prose = card_prose(card)
     assert "<img" not in prose and "&lt;img src=x onerror=alert(1)&gt;" in prose and r"a\|b c" in prose
+
+
+def test_a_class_folder_named_with_a_newline_is_refused_before_training(tmp_path):
+    data = tmp_path / "data"
+    write_class_folders(data, per_class=2, seed=0)
+    (data / sorted(path.name for path in data.iterdir())[0]).rename(data / "cat\nx.png: dog 1.000")
+    code, stderr = run_vit_hub("train", "--data", data, "--out", tmp_path / "out", "--epochs", "1", *TINY_TRAIN_FLAGS)
+    assert code == 2
+    assert_one_line(stderr, "labels: expected names without control characters", r"'cat\nx.png: dog 1.000'")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+# Temperatures and labels a fit or a person would not write --------------------------------
+@pytest.mark.parametrize("temperature", [1e-45, 1e-320, 1e308, 0.01, 25.0])
+def test_a_temperature_no_fit_gives_is_refused_everywhere(model_dir, tmp_path, temperature):
+    """1e-45 divides the logits into infinities (NaN probabilities), 1e308 makes every class
+    alike; predict, the app and export (through load_model) refuse either in one line."""
+    refused = with_config(model_dir, tmp_path / "model", temperature=temperature)
+    assert_refused_by_python_cli_and_app(refused, f"temperature: expected a number from 0.05 to 20.0 (what a fit "
+                                                  f"on the validation split gives), got {temperature}")
+
+
+@pytest.mark.parametrize("labels, found", [
+    (["7\n/tmp/other.png: 9 1.000", "1"], r"'7\n/tmp/other.png: 9 1.000'"),
+    (["\x1b[31mred", "1"], r"'\x1b[31mred'"),
+    (["right\u202eto left", "1"], r"'right\u202eto left'"),
+], ids=["newline", "terminal-escape", "bidi-override"])
+def test_a_label_with_control_characters_is_refused_where_the_config_is_read(model_dir, tmp_path, labels, found):
+    """Such a label would forge a line of `vit-hub predict` (a newline) or steer the terminal."""
+    refused = with_config(model_dir, tmp_path / "model", labels=labels)
+    assert_refused_by_python_cli_and_app(refused, "labels: expected names without control characters (newlines, "
+                                                  f"terminal escapes), found {found}")
+
+
+@pytest.mark.parametrize("labels", [["7", "7 "], ["caf\u00e9", "cafe\u0301"], ["\ufb01sh", "fish"]],
+                         ids=["trailing-space", "nfc", "nfkc"])
+def test_labels_that_read_alike_are_refused(model_dir, tmp_path, labels):
+    refused = with_config(model_dir, tmp_path / "model", labels=labels)
+    assert_refused_by_python_cli_and_app(refused, f"labels: expected a different name for each class, found "
+                                                  f"{sorted(labels)!r} more than once")
+
+
+def test_predict_prints_each_image_on_one_line(model_dir, tmp_path):
+    """What `vit-hub predict` prints of a path (a file name may hold a newline) is escaped too."""
+    image = tmp_path / "a\nforged.png"
+    shutil.copyfile(SAMPLE, image)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["predict", "--model", str(model_dir), str(image)]) == 0
+    assert out.getvalue().count("\n") == 1 and out.getvalue().startswith(str(image).replace("\n", "\\n"))
 
 
 # Push never follows a link out; pull never leaves a mixed dir ---------------------------

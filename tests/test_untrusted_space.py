@@ -11,16 +11,23 @@ import io
 import shutil
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 from hub_double import serving_hub
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
 
 from conftest import assert_one_line
 from vit_hub.cli import main
+from vit_hub.data.samples import kept_samples
 from vit_hub.errors import UserError
+from vit_hub.export.graph_check import WEIGHTS_SHA256, weights_sha256
+from vit_hub.hub import space as space_module
 from vit_hub.hub.import_model import SourceFiles, source_license
 from vit_hub.hub.repos import push_to_hub
 from vit_hub.hub.space import MARKER_FILE, SETTINGS_FILE, read_settings
+from vit_hub.hub.static_space import ORT_WEB_VERSION
 from vit_hub.storage import MAX_CARD_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +101,75 @@ def test_a_space_folder_is_replaced_only_while_unchanged(hub, model_dir, tmp_pat
     assert (out / "app.py").read_text() == "edited by hand"
 
 
+def test_a_space_folder_missing_a_file_it_lists_is_refused(hub, model_dir, tmp_path):
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    (out / "requirements.txt").unlink()
+    before = files_of(out)
+    code, stderr = space(model_dir, out)
+    assert code == 2 and "'requirements.txt' added or removed since" in assert_one_line(stderr)
+    assert files_of(out) == before
+
+
+def space_printing(model: Path | str, out: Path | str) -> tuple[int, str]:
+    """`vit-hub space MODEL --dry-run --out OUT` in this process: (exit code, stdout)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["space", str(model), "--repo-id", SPACE, "--dry-run", "--out", str(out)])
+    return code, printed.getvalue()
+
+
+def backups(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.replaced-*"))
+
+
+def test_files_added_or_edited_behind_a_re_hashed_marker_are_kept_in_a_backup(hub, model_dir, tmp_path):
+    """A person who adds notes.txt and rewrites app.py, then re-hashes the marker, passes the
+    check; the new Space replaces the folder, and the old one stays beside it, named."""
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    (out / "notes.txt").write_text("added by hand")
+    (out / "app.py").write_text("edited by hand")
+    listed = [line.partition("  ")[2] for line in (out / MARKER_FILE).read_text().splitlines()]
+    (out / MARKER_FILE).write_text(space_module._manifest(out, [*listed, "notes.txt"]))
+    code, printed = space_printing(model_dir, out)
+    assert code == 0
+    [backup] = backups(tmp_path)
+    assert f"kept the folder it replaced as {backup}" in printed
+    assert (backup / "notes.txt").read_text() == "added by hand" and (backup / "app.py").read_text() == "edited by hand"
+    assert not (out / "notes.txt").exists() and (out / "app.py").read_text() != "edited by hand"
+    assert space(model_dir, out)[0] == 0 and backups(tmp_path) == [backup]  # unchanged: replaced, nothing kept
+
+
+def test_a_file_written_between_the_check_and_the_swap_is_kept(hub, model_dir, tmp_path, monkeypatch):
+    """While the new Space is written beside it, a person writes notes.txt into the folder and
+    edits app.py: both are in the backup the swap keeps."""
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    manifest = space_module._manifest
+
+    def meanwhile(folder, files):  # runs in the new folder, after the check of `out`, before the swap
+        (out / "notes.txt").write_text("written meanwhile")
+        (out / "app.py").write_text("edited meanwhile")
+        return manifest(folder, files)
+
+    monkeypatch.setattr(space_module, "_manifest", meanwhile)
+    assert space(model_dir, out)[0] == 0
+    [backup] = backups(tmp_path)
+    assert (backup / "notes.txt").read_text() == "written meanwhile"
+    assert (backup / "app.py").read_text() == "edited meanwhile"
+
+
+def test_out_dot_from_inside_the_space_folder_replaces_it(hub, model_dir, tmp_path, monkeypatch):
+    out = tmp_path / "space"
+    assert space(model_dir, out)[0] == 0
+    written = files_of(out)
+    monkeypatch.chdir(out)
+    code, stderr = space(model_dir, ".")
+    assert code == 0, stderr
+    assert files_of(out) == written and sorted(path.name for path in tmp_path.iterdir()) == ["model", "space"]
+
+
 def test_the_model_inside_the_space_folder_is_never_deleted(hub, model_dir, tmp_path):
     out = tmp_path / "space"
     assert space(model_dir, out)[0] == 0
@@ -161,3 +237,108 @@ def test_a_space_json_nested_30000_deep_is_refused_in_one_line(tmp_path):
     with pytest.raises(UserError) as refused:
         read_settings(tmp_path)
     assert_one_line(str(refused.value), "expected JSON nested a few levels deep")
+
+
+# What the static Space bundles: pipeline.onnx and the samples ---------------------------------
+ORT_WEB = ROOT / ".venv" / "cache" / f"onnxruntime-web-{ORT_WEB_VERSION}.tgz"
+
+
+def static_space(model: Path, out: Path) -> tuple[int, str]:
+    """`vit-hub space MODEL --static --dry-run --out OUT` in this process: (exit code, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["space", str(model), "--static", "--repo-id", SPACE, "--dry-run", "--out", str(out),
+                     "--onnxruntime-web", str(ORT_WEB)])
+    return code, err.getvalue()
+
+
+def tied(model: onnx.ModelProto, weights: Path) -> bytes:
+    """The graph's bytes, carrying the sha256 of `weights` as an export writes it."""
+    del model.metadata_props[:]
+    helper.set_model_props(model, {WEIGHTS_SHA256: weights_sha256(weights)})
+    return model.SerializeToString()
+
+
+def graph_of(nodes, initializers, weights: Path, opset: int = 18) -> bytes:
+    """A pipeline-shaped graph (`image` uint8 in, `probabilities` float32 [10] out) of `nodes`."""
+    graph = helper.make_graph(nodes, "hostile", [helper.make_tensor_value_info("image", TensorProto.UINT8,
+                                                                               ["height", "width", "channels"])],
+                              [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [10])], initializers)
+    return tied(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9), weights)
+
+
+def with_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    for entry in model.opset_import:
+        entry.version = version
+    return model
+
+
+def with_custom_node(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.graph.node.insert(0, helper.make_node("Decode", ["image"], ["unused"], domain="com.example"))
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    return model
+
+
+ZEROS = numpy_helper.from_array(np.zeros(10, np.float32), "zeros")
+HUGE = numpy_helper.from_array(np.array([2**31], np.int64), "huge")
+BAD_PIPELINES = {  # name: (the bytes of pipeline.onnx from (the model's graph, its weights), what the refusal says)
+    "empty": (lambda graph, weights: b"", "expected an ONNX model onnxruntime can load, found one it cannot (no graph"),
+    "random-bytes": (lambda graph, weights: np.random.default_rng(0).bytes(4096), "expected an ONNX model"),
+    "custom-op": (lambda graph, weights: tied(with_custom_node(graph), weights), "found com.example.Decode"),
+    "opset-99": (lambda graph, weights: tied(with_opset(graph, 99), weights), "expected the ai.onnx opset 18-23 alone"),
+    "other-weights": (lambda graph, weights: graph.SerializeToString().replace(weights_sha256(weights).encode(),
+                                                                               b"0" * 64),
+                      "expected the graph exported from model.safetensors beside it, found one from other weights"),
+    "other-labels": (lambda graph, weights: tied(with_output_of(graph, 1000), weights),
+                     "expected its first output 'probabilities', float32 [10] (one per label in config.json), found"),
+    "nan": (lambda graph, weights: graph_of([helper.make_node("Div", ["zeros", "zeros"], ["probabilities"])], [ZEROS],
+                                            weights), "expected 10 finite probabilities summing to 1"),
+    "memory-bomb": (lambda graph, weights: graph_of([
+        helper.make_node("ConstantOfShape", ["huge"], ["filled"]),
+        helper.make_node("ReduceSum", ["filled"], ["total"], keepdims=1),
+        helper.make_node("Add", ["zeros", "total"], ["probabilities"])], [ZEROS, HUGE], weights),
+        "expected it to run on"),
+}
+
+
+def with_output_of(model: onnx.ModelProto, classes: int) -> onnx.ModelProto:
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = classes
+    return model
+
+
+@pytest.mark.parametrize("case", BAD_PIPELINES, ids=list(BAD_PIPELINES))
+def test_a_pipeline_the_page_could_not_run_is_refused_before_the_static_space_is_written(model_dir, tmp_path, case):
+    make, message = BAD_PIPELINES[case]
+    graph = onnx.load(str(model_dir / "pipeline.onnx"))
+    (model_dir / "pipeline.onnx").write_bytes(make(graph, model_dir / "model.safetensors"))
+    code, stderr = static_space(model_dir, tmp_path / "space")
+    assert code == 2, stderr
+    assert_one_line(stderr, "pipeline.onnx", message)
+    assert not (tmp_path / "space").exists()
+
+
+def test_the_bundled_pipeline_passes_and_is_bundled(model_dir, tmp_path):
+    assert static_space(model_dir, tmp_path / "space") == (0, "")
+    assert (tmp_path / "space" / "model" / "pipeline.onnx").read_bytes() == (model_dir / "pipeline.onnx").read_bytes()
+
+
+def test_a_pipeline_linked_out_of_the_model_folder_is_refused(model_dir, tmp_path):
+    outside = shutil.copy(model_dir / "pipeline.onnx", tmp_path / "outside.onnx")
+    (model_dir / "pipeline.onnx").unlink()
+    (model_dir / "pipeline.onnx").symlink_to(outside)
+    code, stderr = static_space(model_dir, tmp_path / "space")
+    assert code == 2
+    assert_one_line(stderr, f"expected regular files inside {model_dir}, found pipeline.onnx, a link leading out")
+    assert not (tmp_path / "space").exists()
+
+
+def test_a_sample_that_decodes_to_100_megapixels_is_not_offered(model_dir, tmp_path):
+    """About 100 KB on disk, 100 MP (1.3 GB in a visitor's browser) decoded: left out."""
+    samples = model_dir / "samples"
+    samples.mkdir()
+    shutil.copy(ROOT / "vit_hub" / "bundled" / "samples" / "mnist_test_0000_label_7.png", samples / "00_class7.png")
+    Image.new("1", (10_000, 10_000)).save(samples / "01_class1.png")
+    assert (samples / "01_class1.png").stat().st_size < 2**20
+    assert kept_samples(model_dir) == [samples / "00_class7.png"]
+    assert static_space(model_dir, tmp_path / "space")[0] == 0
+    assert sorted(path.name for path in (tmp_path / "space" / "samples").iterdir()) == ["00_class7.png"]

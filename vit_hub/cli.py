@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from vit_hub.console import OneLineErrorParser, add_field_flags, run_reporting_errors
+from vit_hub.console import OneLineErrorParser, add_field_flags, escaped, run_reporting_errors
 from vit_hub.errors import UserError
 from vit_hub.hub.push_pull import add_hub_commands, run_pull, run_push
 from vit_hub.layout import ModelDir
@@ -262,8 +262,8 @@ def run_predict(args: argparse.Namespace) -> None:
 
     model = load_model(args.model)
     for path, ranked in zip(args.images, predict_images(model, args.images, args.top_k)):
-        shown = "  ".join(f"{label} {probability:.3f}" for label, probability in ranked)
-        print(f"{path}: {shown}")
+        shown = "  ".join(f"{escaped(label)} {probability:.3f}" for label, probability in ranked)
+        print(f"{escaped(str(path))}: {shown}")
 
 
 def run_info(args: argparse.Namespace) -> None:
@@ -324,11 +324,13 @@ def run_space(args: argparse.Namespace) -> None:
 
     out = Path(args.out or args.repo_id.rpartition("/")[2])
     if args.static:
+        from vit_hub.export.pipeline_check import check_pipeline  # what the page needs to run, checked now
         from vit_hub.hub.static_space import write_static_space
 
-        written = write_static_space(args.model, out, args.repo_id, args.onnxruntime_web, args.demo_url)
-        size = sum((out / name).stat().st_size for name in written.files)
-        print(f"wrote the static Space to {out}: {len(written.files)} files, {size / 1e6:.1f} MB, running "
+        written = write_static_space(args.model, out, args.repo_id, args.onnxruntime_web, args.demo_url,
+                                     check_pipeline=check_pipeline)
+        size = sum((written.folder / name).stat().st_size for name in written.files)
+        print(f"wrote the static Space to {written.folder}: {len(written.files)} files, {size / 1e6:.1f} MB, running "
               f"{args.model}'s pipeline.onnx in the browser")
     else:
         from vit_hub.export.graph_check import check_graph  # what the Space's app checks at start, checked now
@@ -336,7 +338,11 @@ def run_space(args: argparse.Namespace) -> None:
         written = write_space(args.model, out, args.repo_id, args.revision, args.token, check_graph=check_graph)
         served = (f"{written.settings.model}@{written.settings.revision}" if written.settings.revision
                   else f"{args.model}, bundled")
-        print(f"wrote the Space to {out}: {len(written.files)} files, serving {served}")
+        print(f"wrote the Space to {written.folder}: {len(written.files)} files, serving {served}")
+    if written.backup is not None:
+        print(f"kept the folder it replaced as {written.backup}: it holds files the new Space lacks or has "
+              f"otherwise; delete it once nothing in it is needed")
+    out = written.folder  # absolute: with `--out .` the working folder is now the backup
     if args.dry_run:
         print(f"not uploaded (--dry-run); without it the Space goes to {space_url(args.repo_id)}")
         return

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import re
 import sys
+import unicodedata
 from inspect import cleandoc
 from typing import Any, Callable
 
@@ -17,6 +18,19 @@ from vit_hub.errors import UserError
 # Errors a user can cause (a bad value, file or upload, a path that is not there or not
 # theirs); printed as one line. Any other exception is a bug and keeps its traceback.
 USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def escaped(text: str) -> str:
+    """Untrusted text (a label, a lock file's line) as printed to a terminal: each control,
+    format or line-separating character written as its escape (`\\n`, `\\x1b`, `\\u202e`), so
+    the text can neither start a line of its own nor move the cursor or recolour the output."""
+    return "".join(char.encode("unicode_escape").decode("ascii") if is_control(char) else char for char in text)
+
+
+def is_control(char: str) -> bool:
+    """A character that steers a terminal or text layout instead of showing: Unicode's control,
+    format, surrogate, private-use and unassigned characters and the line and paragraph separators."""
+    return unicodedata.category(char)[0] == "C" or unicodedata.category(char) in ("Zl", "Zp")
 
 
 def default_text(value: Any) -> str:

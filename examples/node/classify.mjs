@@ -19,6 +19,14 @@ async function decode(file) {
   return new ort.Tensor("uint8", data, [info.height, info.width, info.channels]);
 }
 
+// Another model's graph gives probabilities for other classes: what is wrong, or null.
+function labelsMismatch(session, labels) {
+  const shape = session.outputMetadata.find((value) => value.name === "probabilities")?.shape;
+  if (Array.isArray(labels) && shape?.length === 1 && shape[0] === labels.length) return null;
+  return `expected pipeline.onnx to give one probability per label of config.json (${labels?.length} labels), ` +
+    `found probabilities of shape ${JSON.stringify(shape ?? null)}; export the graph from this model dir`;
+}
+
 async function main([modelDir, ...files]) {
   if (!modelDir || files.length === 0) {
     console.error("usage: node classify.mjs MODEL_DIR IMAGE [IMAGE ...]");
@@ -26,6 +34,11 @@ async function main([modelDir, ...files]) {
   }
   const { labels } = JSON.parse(await readFile(path.join(modelDir, "config.json"), "utf8"));
   const session = await ort.InferenceSession.create(path.join(modelDir, "pipeline.onnx"));
+  const mismatch = labelsMismatch(session, labels);
+  if (mismatch) {
+    console.error(`error: ${mismatch}`);
+    return 2;
+  }
   for (const file of files) {
     try {
       const { probabilities } = await session.run({ image: await decode(file) });

@@ -3,15 +3,18 @@ model dir when training ends (`ModelDir.samples`), or for a digit model that has
 MNIST test digits bundled with this package. A model of anything else with none offers none.
 
 A model dir is untrusted (the app serves one pulled from the Hub): only regular PNG files
-are offered, never a link, at most MAX_SAMPLES of at most MAX_SAMPLE_BYTES each. Torch-free:
-the ONNX app reads them.
+are offered, never a link, at most MAX_SAMPLES of at most MAX_SAMPLE_BYTES and MAX_SAMPLE_PIXELS
+(read from the header) each. Torch-free: the ONNX app reads them.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from vit_hub.layout import ModelDir
 from vit_hub.model.config import DIGIT_LABELS, ViTConfig
@@ -21,6 +24,7 @@ BUNDLED_DIGITS = Path(__file__).resolve().parents[1] / "bundled" / ModelDir.samp
 MAX_SAMPLES = 12
 MAX_SAMPLE_BYTES = 2 * 2**20
 SAMPLE_SIDE = 256  # a larger validation image is kept scaled down to this longer side
+MAX_SAMPLE_PIXELS = 1024 * 1024  # a sample offered: 16 times what write_samples keeps, room for one put there by hand
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")  # kept as they are; others become RGB
 NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9_-]+")  # a label's other characters become one '-' in a file name
 MAX_NAME_LABEL = 40  # characters of the label in a sample's file name
@@ -45,8 +49,22 @@ def kept_samples(model_dir: str | Path | None) -> list[Path]:
     if not folder.is_dir() or folder.is_symlink():
         return []
     files = [path for path in sorted(folder.glob("*.png"))
-             if path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_SAMPLE_BYTES]
+             if path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_SAMPLE_BYTES
+             and _pixels(path) <= MAX_SAMPLE_PIXELS]
     return files[:MAX_SAMPLES]
+
+
+def _pixels(path: Path) -> int:
+    """Pixels a PNG decodes to, from its header alone (a 100 KB PNG can hold 100 megapixels of
+    one colour, which a visitor's browser would decode); a file with no readable header counts
+    as too large."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the header only: nothing is decoded
+        try:
+            with Image.open(path, formats=["PNG"]) as image:
+                return image.width * image.height
+        except (OSError, ValueError, Image.DecompressionBombError):
+            return MAX_SAMPLE_PIXELS + 1
 
 
 def example_images(model_dir: str | Path | None, config: ViTConfig) -> list[Path]:

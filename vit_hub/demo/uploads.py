@@ -10,8 +10,10 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import os
 import re
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -158,13 +160,18 @@ REFUSED_BY_GRADIO = ("The request was refused: expected an image uploaded to thi
 
 
 def message_gradio_refusals() -> None:
-    """Make Gradio's refusals without a message say REFUSED_BY_GRADIO (process-wide; once)."""
+    """Make Gradio's refusals without a message say REFUSED_BY_GRADIO, and log each of its
+    refusals as one line (`OneLineRefusals`) (process-wide; once)."""
     import gradio.queueing
+    import gradio.route_utils
+    import gradio.routes
     import gradio.utils
 
     original = gradio.utils.error_payload
     if getattr(original, "names_the_refusal", False):
         return
+    for module in (gradio.queueing, gradio.routes, gradio.route_utils, gradio.utils):
+        module.traceback = OneLineRefusals()
 
     def error_payload(error: BaseException | None, show_error: bool) -> dict:
         content = original(error, show_error)
@@ -174,6 +181,38 @@ def message_gradio_refusals() -> None:
 
     error_payload.names_the_refusal = True
     gradio.utils.error_payload = gradio.queueing.error_payload = error_payload
+
+
+class OneLineRefusals:
+    """The `traceback` module as Gradio's request handling sees it, except that `print_exc` logs
+    an exception that never reached this project's code (Gradio's own checks refusing a slider
+    value out of range or a dropdown value that is no choice) as one line, `refused a request:
+    TYPE: first line`; an exception with any frame of ours is a bug and keeps its traceback."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(traceback, name)
+
+    def print_exc(self, *args: Any, **kwargs: Any) -> None:
+        error = sys.exc_info()[1]
+        if error is None or _ran_our_code(error):
+            traceback.print_exc(*args, **kwargs)
+            return
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
+        print(f"refused a request: {type(error).__name__}: {first[:300]}", file=sys.stderr, flush=True)
+
+
+OUR_CODE = str(Path(__file__).resolve().parents[1]) + os.sep  # the vit_hub package: every handler of a request
+
+
+def _ran_our_code(error: BaseException) -> bool:
+    """Whether a frame of the exception (or of the ones it was raised from) is in vit_hub."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if any(frame.filename.startswith(OUR_CODE) for frame in traceback.extract_tb(error.__traceback__)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 # glibc keeps the large blocks a request freed (a decoded image) for reuse in its per-thread

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from vit_hub.errors import UserError
-from vit_hub.model.config import INTERPOLATIONS, ViTConfig, size_text
+from vit_hub.model.config import INTERPOLATIONS, ViTConfig, label_key, size_text
 
 # ImageNet-1k's class names in class-index order: the WordNet lemmas of its synsets, as timm
 # lists them (timm/data/_info), one per line.
@@ -258,8 +258,8 @@ def timm_labels(config: dict[str, Any], num_classes: int) -> list[str]:
 def distinct(labels: list[str]) -> list[str]:
     """Class names a vit_hub config takes, each different: a name several classes share (the
     id2label of transformers' ImageNet ViTs has two "crane"s) gets its class index after it."""
-    counts = collections.Counter(labels)
-    return [f"{label} ({index})" if counts[label] > 1 else label for index, label in enumerate(labels)]
+    counts = collections.Counter(map(label_key, labels))
+    return [f"{label} ({index})" if counts[label_key(label)] > 1 else label for index, label in enumerate(labels)]
 
 
 def imagenet_labels() -> list[str]:

@@ -24,13 +24,16 @@ vit_hub.export (imports point app -> export -> vit_hub); it finds its files.
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,7 +42,7 @@ from huggingface_hub import HfApi, RepoCard
 from vit_hub.data.samples import BUNDLED_DIGITS, kept_samples
 from vit_hub.errors import UserError
 from vit_hub.hub.card import HUB_TAGS
-from vit_hub.hub.repos import (DEFAULT_BRANCH, _push_token, _refuse_links_out, _replace_folder, check_config,
+from vit_hub.hub.repos import (DEFAULT_BRANCH, _push_token, _refuse_links_out, check_config,
                                check_model_dir, check_repo_id, fetch_file, has_file, hub_endpoint, hub_errors)
 from vit_hub.layout import PUBLISHED_FILES, ExportLayout, ModelDir
 from vit_hub.model.config import ViTConfig
@@ -85,9 +88,12 @@ class SpaceSettings:
 
 @dataclasses.dataclass(frozen=True)
 class WrittenSpace:
-    folder: Path
+    folder: Path  # absolute
     settings: SpaceSettings
     files: list[str]  # paths relative to the folder
+    # The Space folder this one replaced, kept beside it when it held a file the new one lacks or
+    # holds with other bytes (a person's, see write_folder); None when nothing was replaced or kept.
+    backup: Path | None = None
 
 
 # Writing ------------------------------------------------------------------------------------
@@ -114,14 +120,16 @@ def write_space(model: str | Path, out: str | Path, repo_id: str, revision: str 
              "requirements.txt": requirements_text(),
              ModelDir.card: readme_text(repo_id, settings, model_repo, _licence(card))}  # a Space's card too
     copies = {**source_files(), **{f"{MODEL_FOLDER}/{path.relative_to(model).as_posix()}": path for path in bundled}}
-    files = write_folder(out, copies, texts)
-    return WrittenSpace(out, settings, files)
+    return write_folder(out, copies, texts, settings)
 
 
-def write_folder(out: Path, copies: dict[str, Path], contents: dict[str, str | bytes]) -> list[str]:
+def write_folder(out: Path, copies: dict[str, Path], contents: dict[str, str | bytes],
+                 settings: SpaceSettings) -> WrittenSpace:
     """Write a Space folder: `copies` ({path inside: file to copy}), `contents` ({path inside:
     text or bytes}) and MARKER_FILE listing them, all beside `out`, then swapped in (a failure
-    leaves `out` as it was) -> the paths written, sorted."""
+    leaves `out` as it was; a folder replaced is kept as a backup unless the new one holds all
+    of it, `_swap_in`) -> what was written, the paths sorted."""
+    out = Path(os.path.abspath(out))  # `--out .`: the folder is moved by its name, never as "."
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
     try:
@@ -132,10 +140,46 @@ def write_folder(out: Path, copies: dict[str, Path], contents: dict[str, str | b
             (staging / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
         files = sorted([*copies, *contents])
         (staging / MARKER_FILE).write_text(_manifest(staging, files), encoding="utf-8")
-        _replace_folder(staging, out)
+        backup = _swap_in(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return files
+    return WrittenSpace(out, settings, files, backup)
+
+
+def _swap_in(new: Path, out: Path) -> Path | None:
+    """Move the folder `new` to `out`, a sibling. A folder already at `out` is first renamed to a
+    dated backup beside it, and deleted only when the new folder holds every file of it with the
+    same bytes: a file a person added or edited is never lost, even one written between the
+    check of `out` and this swap, or behind a MARKER_FILE a person re-hashed -> the backup
+    kept, or None."""
+    if not out.exists():
+        os.rename(new, out)
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    backup = Path(tempfile.mkdtemp(prefix=f"{out.name}.replaced-{stamp}-", dir=out.parent))
+    os.rename(out, backup)  # onto the empty folder just made
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(backup, out)
+        raise
+    if _holds_all_of(out, backup):
+        shutil.rmtree(backup)
+        return None
+    return backup
+
+
+def _holds_all_of(folder: Path, old: Path) -> bool:
+    """Every file and folder of `old` is in `folder` too, each file a regular one with the same bytes."""
+    for path in old.rglob("*"):
+        twin = folder / path.relative_to(old)
+        if path.is_dir() and not path.is_symlink():
+            if not twin.is_dir() or twin.is_symlink():
+                return False
+        elif path.is_symlink() or twin.is_symlink() or not path.is_file() or not twin.is_file() \
+                or not filecmp.cmp(path, twin, shallow=False):
+            return False
+    return True
 
 
 def _check_out(out: Path, model_dir: Path | None) -> None:

@@ -23,6 +23,7 @@ import json
 import os
 import tarfile
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from vit_hub.data.samples import BUNDLED_DIGITS, is_digit_model, kept_samples
@@ -42,14 +43,18 @@ PAGE = Path(__file__).resolve().parent / "static_page"
 PAGE_FILES = ("index.html", "page.js")
 STATIC_MODEL = "model"  # the graph and model.json inside the Space
 SAMPLES = ModelDir.samples  # the sample images inside the Space, named as in a model dir
+# The check of pipeline.onnx before it is bundled (vit_hub.export's check_pipeline, given by the
+# caller: this module never imports vit_hub.export): (graph, config, weights, a sample or None).
+PipelineCheck = Callable[[Path, ViTConfig, Path, Path | None], None]
 
 
 def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web: str | Path | None = None,
-                       demo_url: str | None = None) -> WrittenSpace:
+                       demo_url: str | None = None, check_pipeline: PipelineCheck | None = None) -> WrittenSpace:
     """Write the static Space of the model folder `model` into `out` (new, empty, or a Space
     folder written here before and unchanged since). `repo_id` is the Space's OWNER/NAME (its
     title); `ort_web` a tarball of onnxruntime-web at ORT_WEB_VERSION (default: npm's, fetched
-    once); `demo_url` the Gradio demo the page links to for maps."""
+    once); `demo_url` the Gradio demo the page links to for maps; `check_pipeline` raises for a
+    pipeline.onnx the page could not run (the CLI passes vit_hub.export's: see PipelineCheck)."""
     check_repo_id(repo_id, flag="--repo-id")
     model_dir, out = Path(model), Path(out)
     if not model_dir.is_dir():
@@ -58,6 +63,8 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
     _check_out(out, model_dir)
     graph, samples = _model_files(model_dir)
     config = ViTConfig.from_json(ModelDir(model_dir).config)
+    if check_pipeline is not None:
+        check_pipeline(graph, config, ModelDir(model_dir).weights, samples[0] if samples else None)
     title = repo_id.split("/")[1]
     described = {"title": title, "labels": config.labels, "digit": is_digit_model(config),
                  SAMPLES: [path.name for path in samples], "demo_url": _checked_url(demo_url)}  # the page reads them
@@ -66,8 +73,7 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
     contents = {**{f"ort/{name}": data for name, data in onnxruntime_web(ort_web).items()},
                 f"{STATIC_MODEL}/model.json": json.dumps(described, indent=2) + "\n",
                 ModelDir.card: _readme(title, _licence(ModelDir(model_dir).card))}
-    files = write_folder(out, copies, contents)
-    return WrittenSpace(out, SpaceSettings(STATIC_MODEL, None, backend="browser"), files)
+    return write_folder(out, copies, contents, SpaceSettings(STATIC_MODEL, None, backend="browser"))
 
 
 def _model_files(model_dir: Path) -> tuple[Path, list[Path]]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize_scalar
 
+from vit_hub.model.config import TEMPERATURE_RANGE
 from vit_hub.processing.postprocess import softmax
 
-LOG_T_RANGE = (np.log(0.05), np.log(20.0))  # the temperatures searched
+LOG_T_RANGE = tuple(np.log(TEMPERATURE_RANGE))  # the temperatures searched: those a config.json may hold
 
 
 def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import math
 import os
 import re
 import shlex
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from vit_hub.console import escaped
 from vit_hub.data.choices import AUGMENTATIONS
 from vit_hub.errors import UserError
 from vit_hub.layout import ModelDir
@@ -34,6 +37,8 @@ MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig)
 HOW_TO_RUN = ("num_workers", "device", "compile", "strict")
 OUT_LOCK = ".vit-hub-train.lock"  # in --out while a run writes it (holding_out)
 TEACHERS = ("resnet18",)  # --teacher: convolutional networks trained beside the ViT (vit_hub.train.teacher)
+FILE_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+              stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}  # what a path that is not a regular file is
 
 
 class TrainingError(UserError):
@@ -179,7 +184,7 @@ def holding_out(out: Path) -> Iterator[None]:
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     lock = out / OUT_LOCK
-    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    descriptor = _open_lock(lock, out)
     try:
         _lock_exclusively(descriptor, lock, out)
         try:
@@ -194,11 +199,28 @@ def holding_out(out: Path) -> Iterator[None]:
             out.rmdir()
 
 
+def _open_lock(lock: Path, out: Path) -> int:
+    """The lock file's descriptor, opened or made without following a link (a link there would
+    have this run truncate the file it points to); anything but a regular file is refused."""
+    try:
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as error:  # ELOOP: a link
+        found = "a link" if error.errno == errno.ELOOP else f"one that cannot be opened ({error.strerror})"
+        raise TrainingError(f"--out {out}: expected {OUT_LOCK} in it to be a regular file, found {found}; "
+                            f"remove it or choose another --out") from None
+    kind = stat.S_IFMT(os.fstat(descriptor).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(descriptor)
+        raise TrainingError(f"--out {out}: expected {OUT_LOCK} in it to be a regular file, found "
+                            f"{FILE_KINDS.get(kind, 'a special file')}; remove it or choose another --out")
+    return descriptor
+
+
 def _lock_exclusively(descriptor: int, lock: Path, out: Path) -> None:
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(descriptor, 300, 0).decode(errors="replace").strip() or "another process"
+        holder = escaped(os.pread(descriptor, 300, 0).decode(errors="replace").strip()) or "another process"
         raise TrainingError(f"--out {out}: expected a folder no other run is writing, found it held by "
                             f"{holder}; wait for that run or choose another --out") from None
     if not _is_file_of(descriptor, lock):  # the last holder removed it as this run opened it: take it anew
