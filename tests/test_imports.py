@@ -39,6 +39,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "export.on_demand", "export.export_model", "export.quantize", "export.runtime", "export.session",
         "export.timing", "export.verify",
         "export.graph_builder", "export.graph_numpy", "export.canonical_graph", "export.pipeline_graph",  # pipeline.onnx
+        "export.rollout_graph", "export.map_graph",  # pipeline_map.onnx
     ),
     "app": ("demo", "demo.__main__", "demo.backends", "demo.methods", "demo.page", "demo.pictures", "demo.server",
             "demo.uploads", "cli", "__main__"),
