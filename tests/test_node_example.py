@@ -1,6 +1,7 @@
 """examples/node/classify.mjs: a Node.js app (onnxruntime-node and sharp, no Python) running a model
 dir's pipeline.onnx gives the Python app's labels, on the sample digits, on generated uploads
-people make, and for an RGB photo model. `make install-dev` installs its pinned packages."""
+people make, and for an RGB photo model; with --map it gives the Python app's map and writes its
+overlay. `make install-dev` installs its pinned packages."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
 from conftest import digit_on_paper, train_tiny
+from vit_hub.demo.backends import TorchPredictor
+from vit_hub.demo.pictures import answer, explain
+from vit_hub.explain.rollout import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION
 from vit_hub.export import OnnxClassifier, export_onnx
-from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image, to_model_domain
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "node"
@@ -21,10 +26,10 @@ MODEL_DIR = ROOT / "models" / "vit-mnist"
 SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))
 
 
-def classify_in_node(model_dir: Path, images: list[Path]) -> list[dict]:
+def classify_in_node(model_dir: Path, images: list[Path], *flags: str) -> list[dict]:
     """One JSON row per image from the Node example."""
     assert (EXAMPLE / "node_modules" / "onnxruntime-node").is_dir(), "run `make install-dev` (npm ci in examples/node)"
-    done = subprocess.run(["node", "classify.mjs", str(model_dir), *map(str, images)], cwd=EXAMPLE,
+    done = subprocess.run(["node", "classify.mjs", str(model_dir), *map(str, images), *flags], cwd=EXAMPLE,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in done.stdout.splitlines()]
@@ -71,6 +76,35 @@ def test_node_gives_the_python_apps_labels_on_samples_and_uploads(tmp_path):
     for row, ranking in zip(rows, expected):
         assert abs(row["top"][0][1] - ranking[0][1]) < 1e-3  # the same probabilities, decoders aside
     assert [row["label"] for row in rows[:len(SAMPLES)]] == [path.stem.rsplit("_", 1)[1] for path in SAMPLES]
+
+
+def python_app_map(predictor: TorchPredictor, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The Python app's rollout map (its defaults) and its overlay, for one upload."""
+    view = to_model_domain(load_image(open_image(path, path.name, UPLOAD_MAX_PIXELS)), predictor.config)
+    drawn = explain(predictor, view, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, "rollout")
+    return answer(predictor, view, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, "rollout").method_map, \
+        np.asarray(drawn.overlay, dtype=np.int16)
+
+
+@pytest.mark.parametrize("kind", ["sample", "canvas", "gray_alpha"])
+def test_node_writes_the_python_apps_map_and_overlay_on_request(kind, tmp_path):
+    """--map: the map equals the Python app's rollout within 1e-3 and the PNG is its overlay (the
+    same size and colours, but for a colour one step along the map where a value rounds the other way)."""
+    image = SAMPLES[1] if kind == "sample" else next(path for path in uploads_people_make(tmp_path / "uploads")
+                                                     if path.stem.endswith(kind))
+    (row,) = classify_in_node(MODEL_DIR, [image], "--map", str(tmp_path / "overlay.png"))
+    expected_map, expected_overlay = python_app_map(TorchPredictor.load(MODEL_DIR), image)
+    np.testing.assert_allclose(np.array(row["map"]), expected_map, atol=1e-3)
+    drawn = np.asarray(Image.open(row["overlay"]).convert("RGB"), dtype=np.int16)
+    assert drawn.shape == expected_overlay.shape
+    off = np.abs(drawn - expected_overlay)
+    assert off.max() <= 3 and (off > 0).mean() < 1e-3
+
+
+def test_node_asks_for_one_image_with_map(tmp_path):
+    done = subprocess.run(["node", "classify.mjs", str(MODEL_DIR), *map(str, SAMPLES[:2]), "--map", "out.png"],
+                          cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--map OUT.png" in done.stderr and not (EXAMPLE / "out.png").exists()
 
 
 def test_node_reports_a_refused_or_unreadable_image_and_goes_on(tmp_path):
