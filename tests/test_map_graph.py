@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 from PIL import Image
 
-from conftest import digit_on_paper, tiny_config
+from conftest import digit_on_paper
 from vit_hub.explain.rollout import DEFAULT_COLOURMAP, HEAD_FUSIONS, attention_rollout, colour_table
 from vit_hub.export import map_graph, rollout_graph
 from vit_hub.export.graph_builder import FLOAT, GraphBuilder
@@ -125,7 +125,7 @@ def test_an_rgb_photo_model_gets_a_checked_map_graph(image_folder, tmp_path):
     from conftest import train_tiny
     from vit_hub.export import export_onnx
 
-    run = train_tiny(image_folder, tmp_path / "run", epochs=1, **{"image-size": 32, "patch-size": 8})
+    run = train_tiny(image_folder, tmp_path / "run", epochs=1)
     export_onnx(run, run, output_attentions=True, calib_data=str(image_folder))
     config = ViTConfig.from_json(run / "config.json")
     assert config.in_channels == 3 and config.canonicalize != "digit"
@@ -135,7 +135,7 @@ def test_an_rgb_photo_model_gets_a_checked_map_graph(image_folder, tmp_path):
     got = run_map_pipeline(pipeline_session(run / "pipeline_map.onnx"), decoded_pixels(photo))
     expected = python_rollout(pipeline_session(run / "model_attentions.onnx"), photo, config)
     np.testing.assert_allclose(got[PIPELINE_MAP], expected, atol=MAP_TOLERANCE)
-    assert got[PIPELINE_MODEL_INPUT].shape == (32, 32, 3)
+    assert got[PIPELINE_MODEL_INPUT].shape == (*config.image_size, 3)
 
 
 def test_the_map_graph_is_listed_with_the_model_dirs_onnx_files():
