@@ -3,6 +3,7 @@ what the map costs per upload.
 
     python bench/map_uploads.py --model models/vit-mnist --dev ../shared/realdigits-dev [--repeats 5]
     python bench/map_uploads.py --model RUN --photos FOLDER      # an RGB model on a photo folder
+    python bench/map_uploads.py --model models/vit-mnist --mnist 200 --repeats 5   # 28x28 test digits
 
 Every upload, read as the app reads it (EXIF-upright, at most the app's pixel limit), goes
 through the Python app (the torch backend the app runs by default: `pictures.answer` with its
@@ -10,6 +11,9 @@ default head fusion and discard ratio, method rollout) and through pipeline_map.
 onnxruntime (Python), fed the pixels Pillow decodes. Printed: how many labels agree, the
 largest |graph map - app map| on the patch grid and how many uploads are within the export's
 tolerance (1e-3), and refusals on either side.
+
+`--mnist N` takes the first N MNIST test digits instead, each a decoded 28x28 upload: there the
+canonicalisation is quick, so the network's and the map's share of the time shows.
 
 With --repeats N it times, per upload (decoded pixels in, one thread, the median of N passes
 over every upload, each upload through the routes in turn so a shared machine slows them alike):
@@ -68,12 +72,11 @@ def graph_answer(session: ort.InferenceSession, image, labels: list[str]) -> tup
     return labels[int(got[PIPELINE_OUTPUT].argmax())], got[PIPELINE_MAP]
 
 
-def compare(model: Path, paths: list[Path]) -> None:
+def compare(model: Path, images: list) -> None:
     predictor = TorchPredictor.load(model)
     session = session_of(ExportLayout.for_model(model).pipeline_map)
     same_label, differences, refusals = 0, [], {"both": 0, "app only": 0, "graph only": 0}
-    for path in paths:
-        image = upload(path)
+    for image in images:
         app, graph = app_answer(predictor, image), graph_answer(session, image, predictor.config.labels)
         if app is None or graph is None:
             refusals["both" if app is graph else ("app only" if app is None else "graph only")] += 1
@@ -81,16 +84,16 @@ def compare(model: Path, paths: list[Path]) -> None:
         same_label += app[0] == graph[0]
         differences.append(float(np.abs(app[1] - graph[1]).max()))
     answered = len(differences)
-    print(f"{len(paths)} uploads: labels equal the Python app's on {same_label}/{answered} answered; refused by "
+    print(f"{len(images)} uploads: labels equal the Python app's on {same_label}/{answered} answered; refused by "
           f"{refusals}")
     print(f"map: largest |graph - app| {max(differences):.2e}, median {statistics.median(differences):.2e}; "
           f"within {MAP_TOLERANCE:g} on {sum(d <= MAP_TOLERANCE for d in differences)}/{answered}")
 
 
-def timings(model: Path, paths: list[Path], repeats: int) -> None:
+def timings(model: Path, images: list, repeats: int) -> None:
     layout = ExportLayout.for_model(model)
     plain, with_map = session_of(layout.pipeline), session_of(layout.pipeline_map)
-    pixels = [decoded_pixels(upload(path)) for path in paths]
+    pixels = [decoded_pixels(image) for image in images]
     routes = {"pipeline.onnx, probabilities": (plain, [PIPELINE_OUTPUT]),
               "pipeline_map.onnx, probabilities alone": (with_map, [PIPELINE_OUTPUT]),
               "pipeline_map.onnx, every output": (with_map, list(MAP_OUTPUTS))}
@@ -117,12 +120,18 @@ def main() -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--dev")
     source.add_argument("--photos")
+    source.add_argument("--mnist", type=int, help="the first N MNIST test digits, each a decoded 28x28 upload")
     parser.add_argument("--repeats", type=int, default=0, help="time the routes over N passes (0: no timing)")
     args = parser.parse_args()
-    paths = [path for path, _, _ in images_of(args)]
-    compare(args.model, paths)
+    if args.mnist:
+        from vit_hub.data.sources import load_splits
+        test = load_splits("mnist", None).split("test")
+        images = [test[index][0] for index in range(args.mnist)]
+    else:
+        images = [upload(path) for path, _, _ in images_of(args)]
+    compare(args.model, images)
     if args.repeats:
-        timings(args.model, paths, args.repeats)
+        timings(args.model, images, args.repeats)
 
 
 if __name__ == "__main__":
