@@ -107,9 +107,9 @@ def test_node_reports_a_refused_or_unreadable_image_and_goes_on(tmp_path):
 def test_node_gives_an_rgb_photo_models_labels(split_image_folder, tmp_path):
     """A model trained on the generated RGB photo folder, exported: Node's labels on its test
     photos, enlarged as a camera would give them, equal the Python app's where the app's top
-    two are not tied."""
+    two are not tied; its --map overlay of a photo is the Python app's."""
     model_dir = train_tiny(split_image_folder, tmp_path / "model")
-    export_onnx(model_dir, model_dir, calib_data=str(split_image_folder))
+    export_onnx(model_dir, model_dir, calib_data=str(split_image_folder), output_attentions=True)
     photos = []
     for index, path in enumerate(sorted((split_image_folder / "test").rglob("*.png"))[:12]):
         enlarged = tmp_path / f"photo_{index}.jpg"
@@ -119,3 +119,9 @@ def test_node_gives_an_rgb_photo_models_labels(split_image_folder, tmp_path):
     expected = python_app_answers(model_dir, photos)
     decided = [(row["label"], ranking[0][0]) for row, ranking in zip(rows, expected) if ranking[0][1] - ranking[1][1] > 1e-3]
     assert len(decided) >= 8 and all(node == python for node, python in decided)
+    photo = tmp_path / "photo.png"  # the map over the upload itself, in colour
+    Image.open(photos[0]).save(photo)
+    (row,) = classify_in_node(model_dir, [photo], "--map", str(tmp_path / "overlay.png"))
+    expected_map, expected_overlay = python_app_map(TorchPredictor.load(model_dir), photo)
+    np.testing.assert_allclose(np.array(row["map"]), expected_map, atol=1e-3)
+    assert_same_overlay(np.asarray(Image.open(row["overlay"]).convert("RGB")), expected_overlay)
