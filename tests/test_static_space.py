@@ -227,3 +227,43 @@ def test_the_page_draws_the_python_apps_map_on_samples_uploads_and_drawings(serv
         expected_map, expected_overlay = python_app_map(predictor, path)
         np.testing.assert_allclose(values, expected_map, atol=1e-3, err_msg=path.name)
         assert_same_overlay(drawn, expected_overlay)
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_photo_models_page_draws_the_python_apps_map_over_the_upload(split_image_folder, tmp_path):
+    """An RGB photo model: the map over the upload itself (no canonicalisation), in colour; a
+    photo over the display size is shrunk first, its map still the app's."""
+    from playwright.sync_api import sync_playwright
+
+    from conftest import train_tiny
+    from docs.screenshots import CHROMIUM, CHROMIUM_ARGS
+    from vit_hub.export import export_onnx
+
+    model = train_tiny(split_image_folder, tmp_path / "model")
+    export_onnx(model, model, calib_data=str(split_image_folder), output_attentions=True)
+    space = write_static_space(model, tmp_path / "space", "me/shapes", ORT_WEB).folder
+    source = Image.open(sorted((split_image_folder / "test").rglob("*.png"))[0]).convert("RGB")
+    photos = [tmp_path / "photo.png", tmp_path / "large.png"]
+    source.resize((300, 200), Image.Resampling.BICUBIC).save(photos[0])
+    source.resize((1500, 1000), Image.Resampling.BICUBIC).save(photos[1])
+    server = serve(space)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+            page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+            shown = []
+            for path in photos:
+                page.set_input_files("#file", str(path))
+                shown.append(page_map(page))
+            browser.close()
+    finally:
+        server.shutdown()
+    predictor = TorchPredictor.load(model)
+    for path, (values, drawn) in zip(photos, shown):
+        expected_map, expected_overlay = python_app_map(predictor, path)
+        np.testing.assert_allclose(values, expected_map, atol=1e-3, err_msg=path.name)
+        assert drawn.shape == expected_overlay.shape
+    assert_same_overlay(shown[0][1], python_app_map(predictor, photos[0])[1])
