@@ -59,7 +59,7 @@ def write_map_pipeline(attentions_graph: Path, target: Path, config: ViTConfig) 
     merged = onnx.compose.merge_models(preprocessing, network, io_map=[(pixel_values, GRAPH_INPUT)],
                                        outputs=[seen, GRAPH_LOGITS, GRAPH_ATTENTIONS], prefix2="")
     g = GraphBuilder()
-    calibrated = g.Softmax(g.Div(GRAPH_LOGITS, g.const(np.float32(config.temperature))), axis=-1)  # as postprocess.softmax
+    calibrated = g.Softmax(g.Div(GRAPH_LOGITS, g.const(np.float32(config.temperature))), axis=-1)  # postprocess.softmax
     answers = {PIPELINE_OUTPUT: g.Squeeze(calibrated, g.const([0])),
                PIPELINE_MAP: g.Squeeze(rollout_map(g, GRAPH_ATTENTIONS, config), g.const([0])),
                PIPELINE_MODEL_INPUT: seen, PIPELINE_MAP_COLOURS: g.const(colour_table(DEFAULT_COLOURMAP))}

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import helper
 from PIL import Image
 
 from conftest import digit_on_paper
 from vit_hub.explain.rollout import DEFAULT_COLOURMAP, HEAD_FUSIONS, attention_rollout, colour_table
-from vit_hub.export import map_graph, rollout_graph
+from vit_hub.export import rollout_graph
 from vit_hub.export.graph_builder import FLOAT, GraphBuilder
 from vit_hub.export.map_graph import MAP_TOLERANCE, python_rollout, run_map_pipeline
 from vit_hub.export.pipeline_graph import decoded_pixels, pipeline_session, run_pipeline
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "vit-mnist"
 SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))
 DIGIT_CONFIG = ViTConfig.from_json(MODEL_DIR / "config.json")
+LAYOUT = ExportLayout.for_model(MODEL_DIR)
 
 
 def graph_rollout(attentions: np.ndarray, config: ViTConfig, head_fusion: str, discard_ratio: float) -> np.ndarray:
@@ -38,7 +40,6 @@ def graph_rollout(attentions: np.ndarray, config: ViTConfig, head_fusion: str, d
         helper.make_graph(g.nodes, "rollout", [helper.make_tensor_value_info("attentions", FLOAT, None)],
                           [helper.make_tensor_value_info(out, FLOAT, None)]),
         opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
-    import onnxruntime as ort
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"attentions": attentions})[0]
 
@@ -81,7 +82,7 @@ def test_a_fusion_explain_does_not_offer_is_refused_in_its_words():
 # The bundled graph --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bundled():
-    return pipeline_session(ExportLayout.for_model(MODEL_DIR).pipeline_map), pipeline_session(MODEL_DIR / "model_attentions.onnx")
+    return pipeline_session(LAYOUT.pipeline_map), pipeline_session(LAYOUT.attentions)
 
 
 def test_the_bundled_map_graph_gives_the_python_apps_map_labels_and_input(bundled):
@@ -92,7 +93,8 @@ def test_the_bundled_map_graph_gives_the_python_apps_map_labels_and_input(bundle
         view = to_model_domain(image, DIGIT_CONFIG)
         np.testing.assert_allclose(got[PIPELINE_MAP], python_rollout(network, view, DIGIT_CONFIG), atol=MAP_TOLERANCE)
         np.testing.assert_array_equal(got[PIPELINE_MODEL_INPUT][..., 0], np.asarray(resize(view, DIGIT_CONFIG)))
-        np.testing.assert_allclose(got[PIPELINE_OUTPUT], run_pipeline(probabilities_only, decoded_pixels(image)), atol=1e-5)
+        expected = run_pipeline(probabilities_only, decoded_pixels(image))
+        np.testing.assert_allclose(got[PIPELINE_OUTPUT], expected, atol=1e-5)
         assert got[PIPELINE_MAP].shape == tuple(DIGIT_CONFIG.grid_size) and 0 <= got[PIPELINE_MAP].min()
         assert got[PIPELINE_MAP].max() == pytest.approx(1.0)
     np.testing.assert_array_equal(got[PIPELINE_MAP_COLOURS], colour_table(DEFAULT_COLOURMAP))
@@ -100,7 +102,7 @@ def test_the_bundled_map_graph_gives_the_python_apps_map_labels_and_input(bundle
 
 def test_the_bundled_map_graph_names_its_outputs_and_their_shapes():
     outputs = {value.name: [dim.dim_value for dim in value.type.tensor_type.shape.dim]
-               for value in onnx.load(str(ExportLayout.for_model(MODEL_DIR).pipeline_map), load_external_data=False).graph.output}
+               for value in onnx.load(str(LAYOUT.pipeline_map)).graph.output}
     assert outputs == {PIPELINE_OUTPUT: [10], PIPELINE_MAP: [7, 7], PIPELINE_MODEL_INPUT: [28, 28, 1],
                        PIPELINE_MAP_COLOURS: [256, 3]}
 
@@ -139,21 +141,18 @@ def test_an_rgb_photo_model_gets_a_checked_map_graph(image_folder, tmp_path):
 
 
 def test_the_map_graph_is_listed_with_the_model_dirs_onnx_files():
-    assert ExportLayout.for_model(MODEL_DIR).pipeline_map.name in [path.name for path in ExportLayout.for_model(MODEL_DIR).onnx_files]
-    assert map_graph.MAP_OUTPUTS[0] == PIPELINE_OUTPUT
+    assert LAYOUT.pipeline_map in LAYOUT.onnx_files  # so a push --with-onnx uploads it and a new export replaces it
 
 
 def test_onnxruntime_runs_the_maps_nodes_when_asked_for_probabilities_alone(tmp_path):
     """Why the map has a graph of its own: onnxruntime runs every node of a graph whatever outputs
     a caller asks for (its profile lists the node that gives the map), so an app wanting
     probabilities alone would pay for the map on one graph with both outputs."""
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / "profile")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(ExportLayout.for_model(MODEL_DIR).pipeline_map), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(LAYOUT.pipeline_map), options, providers=["CPUExecutionProvider"])
     session.run([PIPELINE_OUTPUT], {"image": decoded_pixels(Image.open(SAMPLES[0]))})
-    ran = {event["name"] for event in json.loads(Path(session.end_profiling()).read_text()) if event.get("cat") == "Node"}
+    profile = json.loads(Path(session.end_profiling()).read_text())
+    ran = {event["name"] for event in profile if event.get("cat") == "Node"}
     assert f"{PIPELINE_MAP}_kernel_time" in ran and f"{PIPELINE_OUTPUT}_kernel_time" in ran
