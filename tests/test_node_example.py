@@ -87,6 +87,15 @@ def test_node_writes_the_python_apps_map_and_overlay_on_request(kind, tmp_path):
     assert_same_overlay(np.asarray(Image.open(row["overlay"]).convert("RGB")), expected_overlay)
 
 
+def test_node_names_the_export_flag_when_the_map_graph_is_missing(tmp_path):
+    for name in ("config.json", "pipeline.onnx"):
+        (tmp_path / name).write_bytes((MODEL_DIR / name).read_bytes())
+    done = subprocess.run(["node", "classify.mjs", str(tmp_path), str(SAMPLES[0]), "--map", str(tmp_path / "out.png")],
+                          cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.startswith("expected pipeline_map.onnx in ")
+    assert "--output-attentions" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
 def test_node_asks_for_one_image_with_map(tmp_path):
     done = subprocess.run(["node", "classify.mjs", str(MODEL_DIR), *map(str, SAMPLES[:2]), "--map", "out.png"],
                           cwd=EXAMPLE, capture_output=True, text=True, timeout=300)

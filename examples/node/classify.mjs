@@ -12,6 +12,7 @@
 // writes it), adds the map [grid_h][grid_w] to the line and writes the app's overlay as a PNG:
 // over the image the model saw for a digit model (its canonicalised digit), over the upload
 // for any other. The drawing is ../../vit_hub/hub/static_page/overlay.mjs, the static Space's.
+import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import * as ort from "onnxruntime-node";
@@ -64,8 +65,13 @@ async function main(argv) {
     return 2;
   }
   const config = JSON.parse(await readFile(path.join(modelDir, "config.json"), "utf8"));
-  const graph = mapOut ? "pipeline_map.onnx" : "pipeline.onnx";
-  const session = await ort.InferenceSession.create(path.join(modelDir, graph));
+  const graph = path.join(modelDir, mapOut ? "pipeline_map.onnx" : "pipeline.onnx");
+  if (!existsSync(graph)) {
+    console.error(`expected ${path.basename(graph)} in ${modelDir}, found none: write it with python -m vit_hub.export `
+      + `--model ${modelDir} --out ${modelDir}${mapOut ? " --output-attentions" : ""}`);
+    return 2;
+  }
+  const session = await ort.InferenceSession.create(graph);
   for (const file of files) {
     try {
       const image = await decode(file);
