@@ -4,6 +4,8 @@ chromium (headless, driven by playwright) after it classified an image and drew 
     python docs/static_screenshot.py --onnxruntime-web .venv/cache/onnxruntime-web-1.30.0.tgz
     python docs/static_screenshot.py --model runs/mine --image photo.jpg --out /tmp/shot.png ...
 
+`make screenshots` runs it after docs/screenshots.py.
+
 Writes the static Space of --model (`vit-hub space --static`) into a temporary folder, serves it
 on 127.0.0.1 (bench/static_space.py's plain static server) and uploads --image.
 """
