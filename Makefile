@@ -39,6 +39,7 @@ app: install
 # The README's pictures of the app (docs/app_screenshot.png, docs/app_inside.png), taken from the live app.
 screenshots: install-dev browser
 	OMP_NUM_THREADS=1 $(BIN)/python docs/screenshots.py
+	OMP_NUM_THREADS=1 $(BIN)/python docs/static_screenshot.py --onnxruntime-web $(VENV)/cache/onnxruntime-web-1.30.0.tgz
 
 # One intra-op thread per process: on a 2-core machine running servers and subprocesses
 # beside pytest, OpenMP threads waiting on each other cost more than they give.

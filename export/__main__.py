@@ -35,7 +35,9 @@ def summary(report: dict) -> list[str]:
     for name, check in report.get("pipeline", {}).items():
         agreeing = sum(row["same_label"] for row in check["rows"])
         lines.append(f"{name}: the Python path's label on {agreeing}/{check['uploads']} uploads, probabilities "
-                     f"max|diff| {check['max_abs_diff']:.1e} (tolerance {check['tolerance_max_abs_diff']:g})")
+                     f"max|diff| {check['max_abs_diff']:.1e} (tolerance {check['tolerance_max_abs_diff']:g})"
+                     + (f", rollout map max|diff| {check['map_max_abs_diff']:.1e} (tolerance "
+                        f"{check['map_tolerance_max_abs_diff']:g})" if "map_max_abs_diff" in check else ""))
     preprocessing = report.get("preprocess")
     if preprocessing:
         lines.append(f"{preprocessing['graph']}: the Python path's pixel values on {preprocessing['uploads']} uploads, "

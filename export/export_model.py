@@ -46,6 +46,7 @@ from .exporter import check_export_options, write_graph
 from .fused_graph import ort_fusions, ort_operators
 from .graph_check import WEIGHTS_SHA256, weights_sha256
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
+from .map_graph import verify_map_pipeline, write_map_pipeline
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
 from .options import DEFAULT_EXPORTER, DEFAULT_OPSET, PRECISIONS, QUANTIZATIONS
@@ -205,6 +206,8 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) 
         write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
         graphs = _write_verified_graphs(model, staged, weights, inputs, options)
         pipelines = _write_verified_pipelines(staged, weights, model.config, eval_set, options.precisions)
+        if options.output_attentions:
+            pipelines.update(_write_verified_map_pipeline(staged, weights, model.config, eval_set))
         preprocessing = _write_verified_preprocessing(staged, weights, model.config, eval_set)
         measured = {}
         if options.quantize:
@@ -290,6 +293,20 @@ def _write_verified_preprocessing(staged: ExportLayout, weights: str, config: Vi
     if section["failures"]:
         target.unlink()
     return section
+
+
+def _write_verified_map_pipeline(staged: ExportLayout, weights: str, config: ViTConfig,
+                                 eval_set: EvalSet) -> dict[str, Any]:
+    """Write pipeline_map.onnx from the staged attentions graph, tie it to the weights and check
+    its probabilities, map and model input against the Python path on pipeline.onnx's uploads; a
+    graph that disagrees is removed, not installed -> {file name: its section of the report}."""
+    uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), config)
+    write_map_pipeline(staged.attentions, staged.pipeline_map, config)
+    tie_to_weights(staged.pipeline_map, weights)
+    section = verify_map_pipeline(staged.pipeline_map, staged.logits, staged.attentions, config, uploads)
+    if section["failures"]:
+        staged.pipeline_map.unlink()
+    return {staged.pipeline_map.name: section}
 
 
 def _write_measured_int8(staged: ExportLayout, weights: str, eval_set: EvalSet,

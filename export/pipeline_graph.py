@@ -53,8 +53,10 @@ TOO_SMALL = "image: expected at least 2x2 pixels"
 TOO_LARGE = f"image: expected {pixel_limit(UPLOAD_MAX_PIXELS)}"
 
 
-def preprocessing_graph(config: ViTConfig) -> onnx.ModelProto:
-    """image uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W], as `preprocess`.
+def preprocessing_graph(config: ViTConfig, with_model_input: bool = False) -> onnx.ModelProto:
+    """image uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W], as `preprocess`;
+    `with_model_input` adds the output model_input, uint8 [H, W, C]: the image the model saw
+    (canonicalised and resized, before the normalisation).
     The full-size picture is read a block of rows at a time (`by_row_blocks`): into gray levels
     for a digit model, into the model's colour and straight through the resize's first pass
     for any other, so a 16-megapixel upload never sits in memory as floats."""
@@ -79,9 +81,12 @@ def preprocessing_graph(config: ViTConfig) -> onnx.ModelProto:
         sized = resample_down(g, g.Transpose(rows_first, perm=[1, 0, 2]), height, g.const(out_height),
                               config.interpolation, eight_bit=True)
     output = g.Unsqueeze(_normalized(g, g.Cast(sized, to=FLOAT), config), g.const([0]))
+    outputs = [helper.make_tensor_value_info(output, FLOAT, [1, config.in_channels, out_height, out_width])]
+    if with_model_input:  # the resize's output is whole numbers 0-255 already
+        seen = g.Cast(g.Transpose(sized, perm=[1, 2, 0]), to=UINT8)
+        outputs.append(helper.make_tensor_value_info(seen, UINT8, [out_height, out_width, config.in_channels]))
     return g.model([helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"])],
-                   [helper.make_tensor_value_info(output, FLOAT, [1, config.in_channels, out_height, out_width])],
-                   "vit_hub_preprocessing")
+                   outputs, "vit_hub_preprocessing")
 
 
 def _checked(g: GraphBuilder, image: str) -> tuple[str, str, str]:

@@ -243,3 +243,27 @@ def upload(url: str, path: Path) -> str:
 def file_data(path: str, **extra) -> dict:
     """The file data a request sends for a file on the server (marked as Gradio's own)."""
     return {"path": path, "meta": {"_type": "gradio.FileData"}, **extra}
+
+
+def python_app_map(predictor, path: Path):
+    """The Python app's rollout map (its default head fusion and discard ratio) of an upload, read
+    as the app reads one, and the overlay it draws: (map [grid_h, grid_w], overlay int16 [h, w, 3])."""
+    from vit_hub.demo.pictures import answer, explain
+    from vit_hub.explain.rollout import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION
+    from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image, to_model_domain
+
+    view = to_model_domain(load_image(open_image(path, path.name, UPLOAD_MAX_PIXELS)), predictor.config)
+    drawn = explain(predictor, view, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, "rollout")
+    chosen = answer(predictor, view, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, "rollout").method_map
+    return chosen, np.asarray(drawn.overlay, dtype=np.int16)
+
+
+def assert_same_overlay(drawn: np.ndarray, expected: np.ndarray) -> None:
+    """The same picture but for a colour one step along the colour map where a map value, within
+    float round-off of the app's, rounds the other way (a few pixels in a thousand): no value
+    off by more than 3 levels (a step of the colour map, halved by the blend, and the blend's
+    rounding), at most 1 % of them off at all."""
+    drawn = np.asarray(drawn, dtype=np.int16)
+    assert drawn.shape == expected.shape
+    off = np.abs(drawn - expected)
+    assert off.max() <= 3 and (off > 0).mean() < 1e-2, (off.max(), (off > 0).mean())

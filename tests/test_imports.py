@@ -42,6 +42,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "export.graph_builder", "export.graph_numpy", "export.canonical_graph", "export.pipeline_graph",  # pipeline.onnx
         "export.preprocess_graph", "export.batched_runtime",  # preprocess.onnx, a GPU server's batches
         "export.pipeline_check",  # pipeline.onnx checked before a static Space bundles it
+        "export.rollout_graph", "export.map_graph",  # pipeline_map.onnx
     ),
     "app": ("demo", "demo.__main__", "demo.backends", "demo.methods", "demo.page", "demo.pictures", "demo.server",
             "demo.uploads", "cli", "__main__"),

@@ -1,6 +1,7 @@
 """examples/node/classify.mjs: a Node.js app (onnxruntime-node and sharp, no Python) running a model
 dir's pipeline.onnx gives the Python app's labels, on the sample digits, on generated uploads
-people make, and for an RGB photo model. `make install-dev` installs its pinned packages."""
+people make, and for an RGB photo model; with --map it gives the Python app's map and writes its
+overlay. `make install-dev` installs its pinned packages."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from conftest import assert_one_line, digit_on_paper, train_tiny
+from conftest import assert_one_line, assert_same_overlay, digit_on_paper, python_app_map, train_tiny
+from vit_hub.demo.backends import TorchPredictor
 from vit_hub.export import OnnxClassifier, export_onnx
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
 
@@ -21,10 +24,10 @@ MODEL_DIR = ROOT / "models" / "vit-mnist"
 SAMPLES = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("mnist_test_*_label_*.png"))
 
 
-def classify_in_node(model_dir: Path, images: list[Path]) -> list[dict]:
+def classify_in_node(model_dir: Path, images: list[Path], *flags: str) -> list[dict]:
     """One JSON row per image from the Node example."""
     assert (EXAMPLE / "node_modules" / "onnxruntime-node").is_dir(), "run `make install-dev` (npm ci in examples/node)"
-    done = subprocess.run(["node", "classify.mjs", str(model_dir), *map(str, images)], cwd=EXAMPLE,
+    done = subprocess.run(["node", "classify.mjs", str(model_dir), *map(str, images), *flags], cwd=EXAMPLE,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in done.stdout.splitlines()]
@@ -73,6 +76,32 @@ def test_node_gives_the_python_apps_labels_on_samples_and_uploads(tmp_path):
     assert [row["label"] for row in rows[:len(SAMPLES)]] == [path.stem.rsplit("_", 1)[1] for path in SAMPLES]
 
 
+@pytest.mark.parametrize("kind", ["sample", "canvas", "gray_alpha"])
+def test_node_writes_the_python_apps_map_and_overlay_on_request(kind, tmp_path):
+    """--map: the map equals the Python app's rollout within 1e-3 and the PNG is its overlay."""
+    image = SAMPLES[1] if kind == "sample" else next(path for path in uploads_people_make(tmp_path / "uploads")
+                                                     if path.stem.endswith(kind))
+    (row,) = classify_in_node(MODEL_DIR, [image], "--map", str(tmp_path / "overlay.png"))
+    expected_map, expected_overlay = python_app_map(TorchPredictor.load(MODEL_DIR), image)
+    np.testing.assert_allclose(np.array(row["map"]), expected_map, atol=1e-3)
+    assert_same_overlay(np.asarray(Image.open(row["overlay"]).convert("RGB")), expected_overlay)
+
+
+def test_node_names_the_export_flag_when_the_map_graph_is_missing(tmp_path):
+    for name in ("config.json", "pipeline.onnx"):
+        (tmp_path / name).write_bytes((MODEL_DIR / name).read_bytes())
+    done = subprocess.run(["node", "classify.mjs", str(tmp_path), str(SAMPLES[0]), "--map", str(tmp_path / "out.png")],
+                          cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.startswith("expected pipeline_map.onnx in ")
+    assert "--output-attentions" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_node_asks_for_one_image_with_map(tmp_path):
+    done = subprocess.run(["node", "classify.mjs", str(MODEL_DIR), *map(str, SAMPLES[:2]), "--map", "out.png"],
+                          cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--map OUT.png" in done.stderr and not (EXAMPLE / "out.png").exists()
+
+
 def test_node_reports_a_refused_or_unreadable_image_and_goes_on(tmp_path):
     blank, broken = tmp_path / "blank.png", tmp_path / "broken.png"
     Image.new("L", (300, 200), 230).save(blank)
@@ -87,9 +116,9 @@ def test_node_reports_a_refused_or_unreadable_image_and_goes_on(tmp_path):
 def test_node_gives_an_rgb_photo_models_labels(split_image_folder, tmp_path):
     """A model trained on the generated RGB photo folder, exported: Node's labels on its test
     photos, enlarged as a camera would give them, equal the Python app's where the app's top
-    two are not tied."""
+    two are not tied; its --map overlay of a photo is the Python app's."""
     model_dir = train_tiny(split_image_folder, tmp_path / "model")
-    export_onnx(model_dir, model_dir, calib_data=str(split_image_folder))
+    export_onnx(model_dir, model_dir, calib_data=str(split_image_folder), output_attentions=True)
     photos = []
     for index, path in enumerate(sorted((split_image_folder / "test").rglob("*.png"))[:12]):
         enlarged = tmp_path / f"photo_{index}.jpg"
@@ -99,6 +128,12 @@ def test_node_gives_an_rgb_photo_models_labels(split_image_folder, tmp_path):
     expected = python_app_answers(model_dir, photos)
     decided = [(row["label"], ranking[0][0]) for row, ranking in zip(rows, expected) if ranking[0][1] - ranking[1][1] > 1e-3]
     assert len(decided) >= 8 and all(node == python for node, python in decided)
+    photo = tmp_path / "photo.png"  # the map over the upload itself, in colour
+    Image.open(photos[0]).save(photo)
+    (row,) = classify_in_node(model_dir, [photo], "--map", str(tmp_path / "overlay.png"))
+    expected_map, expected_overlay = python_app_map(TorchPredictor.load(model_dir), photo)
+    np.testing.assert_allclose(np.array(row["map"]), expected_map, atol=1e-3)
+    assert_same_overlay(np.asarray(Image.open(row["overlay"]).convert("RGB")), expected_overlay)
 
 
 def test_another_models_graph_is_refused_in_one_line(tmp_path):

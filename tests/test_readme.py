@@ -156,8 +156,10 @@ TWO_MACHINES = "# two machines, 8 GPUs each: run this on both, HOST being the fi
 PRETRAINED = "vit-hub import timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --out runs/vit-base"
 NODE = "cd examples/node && ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci"
 GPU_SERVER = 'python examples/gpu_server.py --model models/vit-mnist --port 8000 &   # prints "serving ..." once it listens'
+NODE_MAP = ("cd examples/node && node classify.mjs ../../models/vit-mnist "
+            "../../vit_hub/bundled/samples/mnist_test_0000_label_7.png --map overlay.png")
 RUNNERS = {SETUP, ACTIVATION, QUICK_START, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES, PRETRAINED,
-           NODE, GPU_SERVER}
+           NODE, NODE_MAP, GPU_SERVER}
 
 
 def test_every_bash_block_has_a_runner():
@@ -249,8 +251,8 @@ def test_the_onnx_export_writes_a_scratch_folder(tmp_path):
     text = substitute(block(EXPORT), [("--calib-data mnist", "--calib-data mnist --eval-limit 32"),
                                       ("runs/", f"{tmp_path}/runs/")])
     closing = run_block(text).stdout.strip().splitlines()[-1]
-    written = ["model.onnx", "model_attentions.onnx", "pipeline.onnx", "preprocess.onnx", "model_int8.onnx",
-               "config.json", "model_export_report.json"]
+    written = ["model.onnx", "model_attentions.onnx", "pipeline.onnx", "pipeline_map.onnx", "preprocess.onnx",
+               "model_int8.onnx", "config.json", "model_export_report.json"]
     assert closing == f"wrote {tmp_path}/runs/onnx/: {', '.join(written)}"
     assert all((tmp_path / "runs" / "onnx" / name).is_file() for name in written)
     assert "created" not in json.loads((tmp_path / "runs" / "onnx" / "model_export_report.json").read_text())
@@ -274,6 +276,12 @@ def test_node_block_classifies_a_sample_without_python():
     text = substitute(block(NODE), [("npm ci", "npm ls --depth=0 >/dev/null")])
     rows = [json.loads(line) for line in run_block(text).stdout.splitlines()]
     assert [row["label"] for row in rows] == ["7"] and rows[0]["top"][0][1] > 0.5
+
+
+def test_node_map_block_writes_the_overlay(tmp_path):
+    text = substitute(block(NODE_MAP), [("--map overlay.png", f"--map {tmp_path}/overlay.png")])
+    (row,) = [json.loads(line) for line in run_block(text).stdout.splitlines()]
+    assert row["label"] == "7" and len(row["map"]) == 7 and (tmp_path / "overlay.png").stat().st_size > 1000
 
 
 @pytest.mark.slow

@@ -6,17 +6,21 @@ elsewhere, and fits a static Space. `make install-dev` fetches onnxruntime-web's
 
 from __future__ import annotations
 
+import base64
 import gzip
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
 from bench.static_space import serve, wait_for_label
-from conftest import digit_on_paper
+from conftest import assert_same_overlay, digit_on_paper, python_app_map
+from vit_hub.demo.backends import TorchPredictor
 from vit_hub.errors import UserError
 from vit_hub.export import OnnxClassifier
 from vit_hub.hub.static_space import ORT_WEB_VERSION, onnxruntime_web, write_static_space
@@ -51,7 +55,8 @@ def test_the_folder_is_a_static_space_with_the_graph_and_onnxruntime_web(static_
     assert described["labels"] == [str(digit) for digit in range(10)] and described["digit"] is True
     assert len(described["samples"]) == 10 and all((static_space / "samples" / name).is_file()
                                                    for name in described["samples"])
-    assert (static_space / "model" / "pipeline.onnx").read_bytes() == (MODEL_DIR / "pipeline.onnx").read_bytes()
+    assert described["graph"] == "pipeline_map.onnx"
+    assert (static_space / "model" / "pipeline_map.onnx").read_bytes() == (MODEL_DIR / "pipeline_map.onnx").read_bytes()
     assert sorted(path.name for path in (static_space / "ort").iterdir()) == ["ort-wasm-simd-threaded.wasm",
                                                                              "ort.wasm.bundle.min.mjs"]
 
@@ -79,6 +84,16 @@ def test_a_model_without_pipeline_onnx_names_the_export_command(tmp_path):
     assert not (tmp_path / "space").exists()
 
 
+def test_a_model_exported_without_the_map_graph_gets_a_page_of_probabilities(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "pipeline.onnx"):
+        (model / name).write_bytes((MODEL_DIR / name).read_bytes())
+    written = write_static_space(model, tmp_path / "space", "me/digits", ORT_WEB)
+    assert json.loads((written.folder / "model" / "model.json").read_text())["graph"] == "pipeline.onnx"
+    assert (written.folder / "model" / "pipeline.onnx").is_file()
+
+
 def test_a_graph_too_large_for_a_page_is_refused_before_it_is_read(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
@@ -95,7 +110,7 @@ def test_the_cli_writes_it_and_says_what_it_wrote(tmp_path):
                            "--dry-run", "--out", str(tmp_path / "space"), "--onnxruntime-web", str(ORT_WEB)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert f"wrote the static Space to {tmp_path / 'space'}: 17 files" in done.stdout
+    assert f"wrote the static Space to {tmp_path / 'space'}: 18 files" in done.stdout
     assert (tmp_path / "space" / "index.html").is_file()
 
 
@@ -160,3 +175,95 @@ def test_the_page_classifies_as_the_python_app_and_fetches_only_its_own_files(se
         browser.close()
     assert got == expected
     assert all(url.startswith(served) or url.startswith("blob:") for url in fetched), fetched
+
+
+def page_map(page) -> tuple[np.ndarray, np.ndarray]:
+    """(the map values, the overlay's pixels RGB) the page drew for its latest answer."""
+    wait_for_label(page)
+    values = np.array(json.loads(page.get_attribute("#map", "data-values")))
+    drawn = page.evaluate("document.getElementById('map').toDataURL('image/png')")
+    return values, np.asarray(Image.open(io.BytesIO(base64.b64decode(drawn.split(",", 1)[1]))).convert("RGB"))
+
+
+def draw_a_seven(page) -> None:
+    box = page.locator("#pad").bounding_box()
+    points = [(70, 60), (210, 60), (120, 230)]
+    page.mouse.move(box["x"] + points[0][0], box["y"] + points[0][1])
+    page.mouse.down()
+    for x, y in points[1:]:
+        page.mouse.move(box["x"] + x, box["y"] + y, steps=12)
+    page.mouse.up()
+    page.click("#classify-drawing")
+
+
+@pytest.mark.browser
+def test_the_page_draws_the_python_apps_map_on_samples_uploads_and_drawings(served, tmp_path):
+    """The map the page shows equals the Python app's rollout within 1e-3 (the export's tolerance)
+    and its overlay is the app's, for a sample clicked, uploads and a drawing on the pad."""
+    from playwright.sync_api import sync_playwright
+
+    from docs.screenshots import CHROMIUM, CHROMIUM_ARGS
+
+    sample = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("*.png"))[2]
+    shown = []  # (the upload as the Python app gets it, the page's map, its overlay)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        page.goto(served)
+        page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+        assert page.locator("#map").is_hidden() and "attention rollout" in page.inner_text("#maps")
+        page.locator("#samples img").nth(2).click()
+        shown.append((sample, *page_map(page)))
+        for path in uploads(tmp_path)[1:]:  # the transparent drawing and the gray scan (PNG: one decoder's pixels)
+            page.set_input_files("#file", str(path))
+            shown.append((path, *page_map(page)))
+        draw_a_seven(page)
+        drawing = tmp_path / "pad.png"
+        drawing.write_bytes(base64.b64decode(page.evaluate("document.getElementById('pad').toDataURL()").split(",")[1]))
+        shown.append((drawing, *page_map(page)))
+        browser.close()
+    predictor = TorchPredictor.load(MODEL_DIR)
+    for path, values, drawn in shown:
+        expected_map, expected_overlay = python_app_map(predictor, path)
+        np.testing.assert_allclose(values, expected_map, atol=1e-3, err_msg=path.name)
+        assert_same_overlay(drawn, expected_overlay)
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_photo_models_page_draws_the_python_apps_map_over_the_upload(split_image_folder, tmp_path):
+    """An RGB photo model: the map over the upload itself (no canonicalisation), in colour; a
+    photo over the display size is shrunk first, its map still the app's."""
+    from playwright.sync_api import sync_playwright
+
+    from conftest import train_tiny
+    from docs.screenshots import CHROMIUM, CHROMIUM_ARGS
+    from vit_hub.export import export_onnx
+
+    model = train_tiny(split_image_folder, tmp_path / "model")
+    export_onnx(model, model, calib_data=str(split_image_folder), output_attentions=True)
+    space = write_static_space(model, tmp_path / "space", "me/shapes", ORT_WEB).folder
+    source = Image.open(sorted((split_image_folder / "test").rglob("*.png"))[0]).convert("RGB")
+    photos = [tmp_path / "photo.png", tmp_path / "large.png"]
+    source.resize((300, 200), Image.Resampling.BICUBIC).save(photos[0])
+    source.resize((1500, 1000), Image.Resampling.BICUBIC).save(photos[1])
+    server = serve(space)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+            page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+            shown = []
+            for path in photos:
+                page.set_input_files("#file", str(path))
+                shown.append(page_map(page))
+            browser.close()
+    finally:
+        server.shutdown()
+    predictor = TorchPredictor.load(model)
+    for path, (values, drawn) in zip(photos, shown):
+        expected_map, expected_overlay = python_app_map(predictor, path)
+        np.testing.assert_allclose(values, expected_map, atol=1e-3, err_msg=path.name)
+        assert drawn.shape == expected_overlay.shape
+    assert_same_overlay(shown[0][1], python_app_map(predictor, photos[0])[1])

@@ -27,6 +27,8 @@ Its ONNX files (`--out models/vit-mnist/model.onnx`, or just the folder `models/
     model_attentions.onnx      logits and attentions (with --output-attentions), for rollout
     pipeline.onnx              decoded image in, probabilities out: the preprocessing, the network
                                  and a softmax in one graph, for apps in any language
+    pipeline_map.onnx          the same, and the app's rollout map over the image the model saw (with
+                                 --output-attentions), for pages that draw where the model looked
     preprocess.onnx            decoded image in, pixel_values [1, C, H, W] out: pipeline.onnx's
                                  preprocessing alone, for the CPU provider beside a batched
                                  network on the GPU (a server's route)
@@ -52,10 +54,14 @@ GRAPH_LOGITS = "logits"  # [batch, classes]
 GRAPH_ATTENTIONS = "attentions"  # [depth, batch, heads, tokens, tokens]
 PIPELINE_INPUT = "image"  # pipeline.onnx: uint8 [height, width, channels], as an image decoder gives it
 PIPELINE_OUTPUT = "probabilities"  # pipeline.onnx: float32 [classes]
+PIPELINE_MAP = "map"  # pipeline_map.onnx also: float32 [grid_h, grid_w] in [0, 1], attention rollout
+PIPELINE_MODEL_INPUT = "model_input"  # ...uint8 [height, width, channels]: the image the model saw
+PIPELINE_MAP_COLOURS = "map_colours"  # ...uint8 [256, 3]: the app's colour map, a colour per round(255 * map)
 
 DEFAULT_STEM = "model"
 PIPELINE_STEM = "pipeline"
 PREPROCESS_STEM = "preprocess"
+MAP_SUFFIX = "_map"
 ATTENTIONS_SUFFIX = "_attentions"
 INT8_SUFFIX = "_int8"
 FP16_SUFFIX = "_fp16"
@@ -150,6 +156,11 @@ class ExportLayout:
         return self.folder / f"{name}.onnx"
 
     @property
+    def pipeline_map(self) -> Path:
+        """The pipeline graph that also gives the rollout map: pipeline_map.onnx beside pipeline.onnx."""
+        return self.pipeline.with_name(f"{self.pipeline.stem}{MAP_SUFFIX}.onnx")
+
+    @property
     def int8(self) -> Path:
         return self.folder / f"{self.stem}{INT8_SUFFIX}.onnx"
 
@@ -176,6 +187,7 @@ class ExportLayout:
     def onnx_files(self) -> tuple[Path, ...]:
         """What a model dir ships of an export: the logits graph, the attentions graph (the
         app's ONNX backend draws rollout from it), the pipeline graph, their float16 copies, the
-        preprocessing graph and the report."""
+        pipeline graph with the map, the preprocessing graph and the report."""
         graphs = (self.logits, self.attentions, self.pipeline)
-        return (*graphs, *(self.in_precision(graph, "fp16") for graph in graphs), self.preprocess, self.report)
+        return (*graphs, *(self.in_precision(graph, "fp16") for graph in graphs), self.pipeline_map, self.preprocess,
+                self.report)

@@ -35,7 +35,7 @@ from vit_hub.demo.uploads import (APP_MAX_PIXELS, MAX_FILE_SIZE, checked_sketchp
                                   message_gradio_refusals, read_drawing, read_upload, user_errors, without_paths)
 from vit_hub.errors import UserError
 from vit_hub.explain.attribution import METHODS
-from vit_hub.explain.rollout import HEAD_FUSIONS
+from vit_hub.explain.rollout import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION, HEAD_FUSIONS
 from vit_hub.insight.figures import view_images
 from vit_hub.insight.inspect import default_data, load_pixels
 from vit_hub.insight.views import ModelViews, compute_views, pooled_token
@@ -214,8 +214,8 @@ def _controls(handlers: Handlers) -> list:
     method = gr.Dropdown([(METHODS[name].label, name) for name in predictor.methods],
                          value=handlers.default_method, label="Explanation", elem_id="method",
                          info="what the overlay shows; the strip below it is always rollout")
-    head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
-    discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
+    head_fusion = gr.Radio(list(HEAD_FUSIONS), value=DEFAULT_HEAD_FUSION, label="Head fusion")
+    discard_ratio = gr.Slider(0.0, 0.95, value=DEFAULT_DISCARD_RATIO, step=0.05, label="Discard ratio",
                               info="share of the weakest attention weights dropped per layer")
     classes = predictor.config.num_classes
     k = whole_number_slider(1, classes, value=min(3, classes), step=1, label="Top-k")

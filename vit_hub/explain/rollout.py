@@ -38,6 +38,10 @@ from vit_hub.errors import UserError
 from vit_hub.model.config import POOLINGS, size_text
 
 HEAD_FUSIONS = ("mean", "max", "min")
+DEFAULT_HEAD_FUSION = "mean"  # what the app opens with, and the map inside pipeline_map.onnx
+DEFAULT_DISCARD_RATIO = 0.0
+DEFAULT_COLOURMAP = "jet"  # every map the app draws, and the colours pipeline_map.onnx gives
+FLAT_SPREAD = 1e-5  # a map whose spread is at most this share of its largest value is flat
 
 
 def as_numpy(array: Any) -> np.ndarray:
@@ -120,18 +124,19 @@ def add_residual(attention: np.ndarray) -> np.ndarray:
 def scale_maps(maps: np.ndarray) -> np.ndarray:
     """[..., h, w] -> each map min-max scaled to [0, 1].
 
-    A map whose spread is below 1e-5 of its largest value is float round-off around a
+    A map whose spread is at most FLAT_SPREAD of its largest value is float round-off around a
     constant: it becomes all zeros (no patch stands out) instead of amplified noise.
     """
     low = maps.min(axis=(-2, -1), keepdims=True)
     high = maps.max(axis=(-2, -1), keepdims=True)
-    flat = (high - low) <= 1e-5 * np.abs(high)
+    flat = (high - low) <= FLAT_SPREAD * np.abs(high)
     scaled = (maps - low) / np.where(flat, 1.0, high - low)
     return np.where(flat, 0.0, scaled).astype(np.float32)
 
 
-def layer_rollouts(attentions: Any, head_fusion: str = "mean", discard_ratio: float = 0.0,
-                   grid_size: tuple[int, int] | None = None, pooling: str = "cls") -> np.ndarray:
+def layer_rollouts(attentions: Any, head_fusion: str = DEFAULT_HEAD_FUSION,
+                   discard_ratio: float = DEFAULT_DISCARD_RATIO, grid_size: tuple[int, int] | None = None,
+                   pooling: str = "cls") -> np.ndarray:
     """Rollout through the first 1, 2, ..., depth layers: [depth, B, grid_h, grid_w] in [0, 1].
 
     The last entry is `attention_rollout`; the others show how the map builds up.
@@ -151,8 +156,9 @@ def layer_rollouts(attentions: Any, head_fusion: str = "mean", discard_ratio: fl
     return scale_maps(maps)
 
 
-def attention_rollout(attentions: Any, head_fusion: str = "mean", discard_ratio: float = 0.0,
-                      grid_size: tuple[int, int] | None = None, pooling: str = "cls") -> np.ndarray:
+def attention_rollout(attentions: Any, head_fusion: str = DEFAULT_HEAD_FUSION,
+                      discard_ratio: float = DEFAULT_DISCARD_RATIO, grid_size: tuple[int, int] | None = None,
+                      pooling: str = "cls") -> np.ndarray:
     """Attention rollout: [depth, B, heads, T, T] attentions -> [B, grid_h, grid_w] in [0, 1].
 
     Args:
@@ -185,7 +191,7 @@ def last_layer_attention(attentions: Any, grid_size: tuple[int, int] | None = No
     return scale_maps(_readout(attentions[-1].mean(axis=1), pooling).reshape(batch, grid_h, grid_w))
 
 
-def heatmap(mask: Any, size: tuple[int, int], colormap: str = "jet") -> np.ndarray:
+def heatmap(mask: Any, size: tuple[int, int], colormap: str = DEFAULT_COLOURMAP) -> np.ndarray:
     """[h, w] mask in [0, 1] -> uint8 RGB heat map [height, width, 3] for size=(width, height),
     upsampled bilinearly and coloured through the colormap's 256-entry table."""
     mask = as_numpy(mask)
@@ -196,7 +202,7 @@ def heatmap(mask: Any, size: tuple[int, int], colormap: str = "jet") -> np.ndarr
 
 
 @functools.cache
-def colour_table(colormap: str = "jet") -> np.ndarray:
+def colour_table(colormap: str = DEFAULT_COLOURMAP) -> np.ndarray:
     """The matplotlib colormap's 256 colours as a read-only uint8 table [256, 3], built once:
     a map in [0, 1] is coloured by indexing it with round(255 * value)."""
     if colormap not in colormaps:
@@ -206,7 +212,7 @@ def colour_table(colormap: str = "jet") -> np.ndarray:
     return table
 
 
-def overlay(image: Image.Image, mask: Any, alpha: float = 0.5, colormap: str = "jet") -> Image.Image:
+def overlay(image: Image.Image, mask: Any, alpha: float = 0.5, colormap: str = DEFAULT_COLOURMAP) -> Image.Image:
     """Blend a rollout mask over an image: RGB PIL image of the image's size.
 
     mask: [grid_h, grid_w] in [0, 1], upsampled bilinearly to the image size and coloured

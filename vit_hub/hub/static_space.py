@@ -1,13 +1,16 @@
 """A static Hugging Face Space: the model runs in the visitor's browser, no server at all.
 
 `write_static_space` fills a folder with a page (`index.html`, `page.js` from vit_hub/hub/static_page),
-the model's `pipeline.onnx` (decoded pixels in, probabilities out: every preprocessing step is
-inside the graph), `model/model.json` (title, labels, whether to offer drawing, the samples), the
-model's sample images, and ONNX Runtime Web's WebAssembly build, vendored in `ort/` from the npm
-package at ORT_WEB_VERSION (nothing is fetched from a CDN when the page runs). The page decodes
-an image in the browser, runs the graph, and shows the ranking; no image leaves the visitor's
-machine, and a static Space never sleeps. Maps of where the model looked need the Gradio Space
-(`space.py`), which the page links to when given its address.
+the model's `pipeline_map.onnx` (decoded pixels in, probabilities and the app's rollout map out:
+every preprocessing step is inside the graph; `pipeline.onnx`, probabilities only, for a model
+exported without --output-attentions), `model/model.json` (title, labels, whether to offer
+drawing, the samples, the graph's name), the model's sample images, and ONNX Runtime Web's
+WebAssembly build, vendored in `ort/` from the npm package at ORT_WEB_VERSION (nothing is fetched
+from a CDN when the page runs). The page decodes an image in the browser, runs the graph, shows
+the ranking and draws the map over the image as the Gradio app does (`static_page/overlay.mjs`);
+no image leaves the visitor's machine, and a static Space never sleeps. The other maps (integrated
+gradients, occlusion...) need the Gradio Space (`space.py`), which the page links to when given
+its address.
 
 ONNX Runtime Web comes from npm's registry once (its tarball checked against ORT_WEB_SHA512 and
 kept in the user's cache), or from a tarball `npm pack onnxruntime-web@VERSION` wrote. The
@@ -40,7 +43,7 @@ ORT_WEB_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm")  # th
 MAX_TARBALL_BYTES = 64 * 2**20
 MAX_ORT_FILE_BYTES = 32 * 2**20
 PAGE = Path(__file__).resolve().parent / "static_page"
-PAGE_FILES = ("index.html", "page.js")
+PAGE_FILES = ("index.html", "page.js", "overlay.mjs")
 STATIC_MODEL = "model"  # the graph and model.json inside the Space
 SAMPLES = ModelDir.samples  # the sample images inside the Space, named as in a model dir
 # The check of pipeline.onnx before it is bundled (vit_hub.export's check_pipeline, given by the
@@ -67,7 +70,8 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
         check_pipeline(graph, config, ModelDir(model_dir).weights, samples[0] if samples else None)
     title = repo_id.split("/")[1]
     described = {"title": title, "labels": config.labels, "digit": is_digit_model(config),
-                 SAMPLES: [path.name for path in samples], "demo_url": _checked_url(demo_url)}  # the page reads them
+                 SAMPLES: [path.name for path in samples], "demo_url": _checked_url(demo_url),
+                 "graph": graph.name}  # the page reads them
     copies = {**{name: PAGE / name for name in PAGE_FILES}, f"{STATIC_MODEL}/{graph.name}": graph,
               **{f"{SAMPLES}/{path.name}": path for path in samples}}
     contents = {**{f"ort/{name}": data for name, data in onnxruntime_web(ort_web).items()},
@@ -77,20 +81,22 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
 
 
 def _model_files(model_dir: Path) -> tuple[Path, list[Path]]:
-    """(pipeline.onnx, the sample images) of a model folder, none a link out of it."""
+    """(pipeline_map.onnx, or pipeline.onnx where there is none; the sample images) of a model
+    folder, none a link out of it."""
     layout = ExportLayout.for_model(model_dir)
-    _refuse_links_out(model_dir, [ModelDir.config, layout.pipeline.name], flag="space MODEL")
+    graph = layout.pipeline_map if os.path.lexists(layout.pipeline_map) else layout.pipeline
+    _refuse_links_out(model_dir, [ModelDir.config, graph.name], flag="space MODEL")
     check_model_dir(model_dir, flag="space MODEL")
-    if not layout.pipeline.is_file():
-        raise FileNotFoundError(f"space --static: expected {layout.pipeline.name} in {model_dir}, found none; export "
+    if not graph.is_file():
+        raise FileNotFoundError(f"space --static: expected {graph.name} in {model_dir}, found none; export "
                                 f"it first: python -m vit_hub.export --model {model_dir} --out {model_dir}")
-    size = layout.pipeline.stat().st_size
+    size = graph.stat().st_size
     if size > MAX_BUNDLE_BYTES:
-        raise UserError(f"space --static: expected {layout.pipeline.name} of at most {MAX_BUNDLE_BYTES // 2**20} MB, "
+        raise UserError(f"space --static: expected {graph.name} of at most {MAX_BUNDLE_BYTES // 2**20} MB, "
                         f"a page's download, got {size / 2**20:.0f} MB in {model_dir}")
     config = ViTConfig.from_json(ModelDir(model_dir).config)
     samples = kept_samples(model_dir) or (sorted(BUNDLED_DIGITS.glob("*.png")) if is_digit_model(config) else [])
-    return layout.pipeline, samples
+    return graph, samples
 
 
 def _checked_url(url: str | None) -> str | None:

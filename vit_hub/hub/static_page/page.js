@@ -1,7 +1,9 @@
-// The static Space's page: decode an image in the browser, run pipeline.onnx on its pixels with
-// ONNX Runtime Web (WebAssembly, vendored in ort/), show the ranking. pipeline.onnx does all of
-// the model's preprocessing itself (vit_hub's docs/export.md, "From another language").
+// The static Space's page: decode an image in the browser, run the model's graph on its pixels
+// with ONNX Runtime Web (WebAssembly, vendored in ort/), show the ranking and, when the graph is
+// pipeline_map.onnx, the app's overlay of where the model looked. The graph does all of the
+// model's preprocessing itself (vit_hub's docs/export.md, "From another language").
 import * as ort from "./ort/ort.wasm.bundle.min.mjs";
+import { displaySize, forDisplay, overlay } from "./overlay.mjs";
 
 const TOP_K = 5;
 const MAX_PIXELS = 16_000_000; // what pipeline.onnx accepts (vit_hub.processing.preprocess.UPLOAD_MAX_PIXELS)
@@ -12,7 +14,8 @@ ort.env.wasm.numThreads = threads;
 
 const $ = (id) => document.getElementById(id);
 const model = await (await fetch("model/model.json")).json();
-const session = await ort.InferenceSession.create("model/pipeline.onnx", { executionProviders: ["wasm"] });
+const session = await ort.InferenceSession.create(`model/${model.graph}`, { executionProviders: ["wasm"] });
+const hasMap = session.outputNames.includes("map");
 
 function say(text, failed = false) {
   $("status").textContent = text;
@@ -43,11 +46,13 @@ async function classify(source, width, height) {
   try {
     const image = pixelsOf(source, width, height);
     const started = performance.now();
-    const { probabilities } = await session.run({ image });
+    const answer = await session.run({ image });
     const spent = performance.now() - started;
-    show(Array.from(probabilities.data), spent);
+    if (hasMap) drawMap(answer, source, image);
+    show(Array.from(answer.probabilities.data), spent);
   } catch (error) {
     $("ranking").replaceChildren();
+    $("map").hidden = true;
     say(`Refused: ${refusal(error)}`, true);
   }
 }
@@ -67,6 +72,39 @@ function show(probabilities, spent) {
   $("status").dataset.label = ranked[0][0];
   $("status").dataset.fresh = "true"; // for a script driving the page: a new answer is there
   $("ms").textContent = `${spent.toFixed(0)} ms,`;
+}
+
+// What the app draws the map over, at most its display size, as uint8 pixels: the image the
+// model saw for a digit model (its canonicalised digit), else the upload (a large one shrunk).
+function underTheMap(answer, source, image) {
+  const base = model.digit ? answer.model_input : image;
+  const [height, width, channels] = base.dims;
+  const [shownWidth, shownHeight] = displaySize(width, height);
+  if (shownWidth >= width) return [base.data, height, width, channels];
+  const canvas = Object.assign(document.createElement("canvas"), { width: shownWidth, height: shownHeight });
+  const context = canvas.getContext("2d");
+  context.imageSmoothingQuality = "high";
+  context.drawImage(source, 0, 0, shownWidth, shownHeight);
+  return [context.getImageData(0, 0, shownWidth, shownHeight).data, shownHeight, shownWidth, 4];
+}
+
+// The map over the image in the #map canvas, its values (rows) in the canvas's data-values.
+function drawMap(answer, source, image) {
+  const [gridH, gridW] = answer.map.dims;
+  const gray = answer.model_input.dims[2] === 1;
+  const shown = forDisplay(...underTheMap(answer, source, image), gray);
+  const rgb = overlay(shown, answer.map.data, gridH, gridW, answer.map_colours.data);
+  const rgba = new ImageData(shown.width, shown.height);
+  for (let p = 0; p < shown.width * shown.height; p++) {
+    rgba.data.set(rgb.subarray(p * 3, p * 3 + 3), p * 4);
+    rgba.data[p * 4 + 3] = 255;
+  }
+  const canvas = $("map");
+  [canvas.width, canvas.height] = [shown.width, shown.height];
+  canvas.getContext("2d").putImageData(rgba, 0, 0);
+  const rows = Array.from({ length: gridH }, (_, row) => Array.from(answer.map.data.slice(row * gridW, (row + 1) * gridW)));
+  canvas.dataset.values = JSON.stringify(rows);
+  canvas.hidden = false;
 }
 
 async function classifyFile(file) {
@@ -132,11 +170,12 @@ function setUpDrawing() {
 }
 
 document.title = $("title").textContent = model.title;
+const where = hasMap ? "The map shows where the model looked (attention rollout). Other maps" : "Maps of where the model looked";
 if (model.demo_url) {
   const link = Object.assign(document.createElement("a"), { href: model.demo_url, textContent: "full demo" });
-  $("maps").append("Maps of where the model looked are in the ", link, ".");
+  $("maps").append(`${where} are in the `, link, ".");
 } else {
-  $("maps").textContent = "Maps of where the model looked are in the full Gradio demo (vit-hub space without --static).";
+  $("maps").textContent = `${where} are in the full Gradio demo (vit-hub space without --static).`;
 }
 $("backend").textContent = `WebAssembly, ${threads} thread${threads > 1 ? "s" : ""}`;
 setUpDropping();
