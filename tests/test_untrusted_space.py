@@ -306,29 +306,52 @@ def with_output_of(model: onnx.ModelProto, classes: int) -> onnx.ModelProto:
     return model
 
 
+def bundled_graph(model_dir: Path, shipped: str) -> Path:
+    """The graph `space --static` bundles from `model_dir`: pipeline_map.onnx where the export
+    wrote one (the bundled model has it), pipeline.onnx where it is removed."""
+    if shipped == "pipeline.onnx":
+        (model_dir / "pipeline_map.onnx").unlink()
+    return model_dir / shipped
+
+
 @pytest.mark.parametrize("case", BAD_PIPELINES, ids=list(BAD_PIPELINES))
 def test_a_pipeline_the_page_could_not_run_is_refused_before_the_static_space_is_written(model_dir, tmp_path, case):
     make, message = BAD_PIPELINES[case]
-    graph = onnx.load(str(model_dir / "pipeline.onnx"))
-    (model_dir / "pipeline.onnx").write_bytes(make(graph, model_dir / "model.safetensors"))
+    graph = bundled_graph(model_dir, "pipeline_map.onnx")
+    graph.write_bytes(make(onnx.load(str(graph)), model_dir / "model.safetensors"))
+    code, stderr = static_space(model_dir, tmp_path / "space")
+    assert code == 2, stderr
+    assert_one_line(stderr, "pipeline_map.onnx", message)
+    assert not (tmp_path / "space").exists()
+
+
+def test_a_model_without_the_map_graph_has_its_pipeline_checked(model_dir, tmp_path):
+    """Where the Space falls back to pipeline.onnx, that graph is the one checked."""
+    make, message = BAD_PIPELINES["other-labels"]
+    graph = bundled_graph(model_dir, "pipeline.onnx")
+    graph.write_bytes(make(onnx.load(str(graph)), model_dir / "model.safetensors"))
     code, stderr = static_space(model_dir, tmp_path / "space")
     assert code == 2, stderr
     assert_one_line(stderr, "pipeline.onnx", message)
     assert not (tmp_path / "space").exists()
 
 
-def test_the_bundled_pipeline_passes_and_is_bundled(model_dir, tmp_path):
+@pytest.mark.parametrize("shipped", ["pipeline_map.onnx", "pipeline.onnx"])
+def test_the_bundled_pipeline_passes_and_is_bundled(model_dir, tmp_path, shipped):
+    graph = bundled_graph(model_dir, shipped)
     assert static_space(model_dir, tmp_path / "space") == (0, "")
-    assert (tmp_path / "space" / "model" / "pipeline.onnx").read_bytes() == (model_dir / "pipeline.onnx").read_bytes()
+    assert (tmp_path / "space" / "model" / shipped).read_bytes() == graph.read_bytes()
 
 
-def test_a_pipeline_linked_out_of_the_model_folder_is_refused(model_dir, tmp_path):
-    outside = shutil.copy(model_dir / "pipeline.onnx", tmp_path / "outside.onnx")
-    (model_dir / "pipeline.onnx").unlink()
-    (model_dir / "pipeline.onnx").symlink_to(outside)
+@pytest.mark.parametrize("shipped", ["pipeline_map.onnx", "pipeline.onnx"])
+def test_a_pipeline_linked_out_of_the_model_folder_is_refused(model_dir, tmp_path, shipped):
+    graph = bundled_graph(model_dir, shipped)
+    outside = shutil.copy(graph, tmp_path / "outside.onnx")
+    graph.unlink()
+    graph.symlink_to(outside)
     code, stderr = static_space(model_dir, tmp_path / "space")
     assert code == 2
-    assert_one_line(stderr, f"expected regular files inside {model_dir}, found pipeline.onnx, a link leading out")
+    assert_one_line(stderr, f"expected regular files inside {model_dir}, found {shipped}, a link leading out")
     assert not (tmp_path / "space").exists()
 
 
