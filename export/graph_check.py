@@ -168,7 +168,8 @@ def _check_form(model: onnx.ModelProto, path: Path) -> None:
         raise _refuse(path, f"expected only the operators python -m vit_hub.export writes, found {', '.join(unknown)}")
 
 
-def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
+def value_dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    """A graph input's or output's shape as declared: sizes, names of symbolic axes."""
     return [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
 
 
@@ -185,13 +186,13 @@ def _check_inputs_and_outputs(model: onnx.ModelProto, path: Path, config: ViTCon
     wrong_types = [value.name for value in [*inputs, *graph.output] if value.type.tensor_type.elem_type != TensorProto.FLOAT]
     if wrong_types:
         raise _refuse(path, f"expected float32 inputs and outputs, found other types for {wrong_types}")
-    batch, *image_shape = _dims(inputs[0]) or [None]
+    batch, *image_shape = value_dims(inputs[0]) or [None]
     config_shape = [config.in_channels, *config.image_size]
     if image_shape != config_shape:
         raise _refuse(path, f"takes images of shape {image_shape} but its config says {config_shape}: expected "
                             f"the graph exported for this config, found one for another")
     if not isinstance(batch, str):
-        raise _refuse(path, f"expected a symbolic batch axis, found {GRAPH_INPUT} {_dims(inputs[0])}")
+        raise _refuse(path, f"expected a symbolic batch axis, found {GRAPH_INPUT} {value_dims(inputs[0])}")
 
 
 def _expected_outputs(config: ViTConfig, batch: int) -> dict[str, list[int]]:

@@ -40,8 +40,8 @@ from vit_hub.processing import canonical
 from vit_hub.processing.preprocess import model_pixels, resize, to_model_domain
 
 from .graph_builder import FLOAT, UINT8, GraphBuilder
-from .pipeline_graph import (PROBABILITY_TOLERANCE, _rename_input, _same_opset, decoded_pixels, pipeline_session,
-                             preprocessing_graph, verify_pipeline)
+from .pipeline_graph import (PROBABILITY_TOLERANCE, _same_opset, decoded_pixels, pipeline_session, preprocessing_graph,
+                             save_with_image_input, verify_pipeline)
 from .rollout_graph import rollout_map
 from .session import QUIET_RUN
 
@@ -72,12 +72,7 @@ def write_map_pipeline(attentions_graph: Path, target: Path, config: ViTConfig) 
         helper.make_tensor_value_info(PIPELINE_MAP, FLOAT, list(config.grid_size)),
         helper.make_tensor_value_info(PIPELINE_MODEL_INPUT, UINT8, [height, width, config.in_channels]),
         helper.make_tensor_value_info(PIPELINE_MAP_COLOURS, UINT8, [256, 3])])
-    del merged.graph.input[:]
-    merged.graph.input.append(helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"]))
-    _rename_input(merged, f"preprocess/{PIPELINE_INPUT}", PIPELINE_INPUT)
-    onnx.checker.check_model(merged)
-    onnx.save(merged, str(target))
-    return target
+    return save_with_image_input(merged, target)
 
 
 def run_map_pipeline(session: ort.InferenceSession, pixels: np.ndarray) -> dict[str, np.ndarray]:

@@ -36,7 +36,7 @@ from vit_hub.model.config import ViTConfig
 
 from .exporter import OPSETS
 from .graph_builder import OPSET
-from .graph_check import (KNOWN_OPS, ONNX_DOMAINS, OnnxModelError, _load, max_graph_bytes, tied_weights,
+from .graph_check import (KNOWN_OPS, ONNX_DOMAINS, OnnxModelError, _load, max_graph_bytes, tied_weights, value_dims,
                           weights_sha256)
 from .pipeline_graph import decoded_pixels, preprocessing_graph
 
@@ -127,23 +127,19 @@ def _all_initializers(graph: onnx.GraphProto):
                 yield from _all_initializers(inner)
 
 
-def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
-    return [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
-
-
 def _check_inputs_and_outputs(model: onnx.ModelProto, path: Path, config: ViTConfig) -> None:
     graph = model.graph
     stored = {tensor.name for tensor in graph.initializer}
     inputs = [value for value in graph.input if value.name not in stored]
-    image_ok = (len(inputs) == 1 and inputs[0].name == PIPELINE_INPUT and len(_dims(inputs[0])) == 3
+    image_ok = (len(inputs) == 1 and inputs[0].name == PIPELINE_INPUT and len(value_dims(inputs[0])) == 3
                 and inputs[0].type.tensor_type.elem_type == TensorProto.UINT8)
     if not image_ok:
         raise _refuse(path, f"expected one input {PIPELINE_INPUT!r}, uint8 [height, width, channels], found "
-                            f"{[(value.name, _dims(value)) for value in inputs]}")
+                            f"{[(value.name, value_dims(value)) for value in inputs]}")
     first = graph.output[0] if graph.output else None
     if first is None or first.name != PIPELINE_OUTPUT or first.type.tensor_type.elem_type != TensorProto.FLOAT \
-            or _dims(first) != [config.num_classes]:
-        found = (first.name, _dims(first)) if first is not None else "no output"
+            or value_dims(first) != [config.num_classes]:
+        found = (first.name, value_dims(first)) if first is not None else "no output"
         raise _refuse(path, f"expected its first output {PIPELINE_OUTPUT!r}, float32 [{config.num_classes}] (one per "
                             f"label in config.json), found {found}")
 

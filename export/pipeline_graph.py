@@ -170,12 +170,7 @@ def write_pipeline(logits_graph: Path, target: Path, config: ViTConfig) -> Path:
     merged.graph.node.extend([calibrated, softmax_node, squeeze])
     del merged.graph.output[:]
     merged.graph.output.append(helper.make_tensor_value_info(PIPELINE_OUTPUT, FLOAT, [config.num_classes]))
-    del merged.graph.input[:]
-    merged.graph.input.append(helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"]))
-    _rename_input(merged, f"preprocess/{PIPELINE_INPUT}", PIPELINE_INPUT)
-    onnx.checker.check_model(merged)
-    onnx.save(merged, str(target))
-    return target
+    return save_with_image_input(merged, target)
 
 
 def _same_opset(network: onnx.ModelProto, preprocessing: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -190,6 +185,17 @@ def _same_opset(network: onnx.ModelProto, preprocessing: onnx.ModelProto) -> tup
 
 def _opset(model: onnx.ModelProto) -> int:
     return next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
+
+
+def save_with_image_input(merged: onnx.ModelProto, target: Path) -> Path:
+    """The decoder's `image` as the merged graph's one input (the preprocessing's, renamed),
+    then the graph checked and saved to `target`."""
+    del merged.graph.input[:]
+    merged.graph.input.append(helper.make_tensor_value_info(PIPELINE_INPUT, UINT8, ["height", "width", "channels"]))
+    _rename_input(merged, f"preprocess/{PIPELINE_INPUT}", PIPELINE_INPUT)
+    onnx.checker.check_model(merged)
+    onnx.save(merged, str(target))
+    return target
 
 
 def _rename_input(model: onnx.ModelProto, old: str, new: str) -> None:

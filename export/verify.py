@@ -23,6 +23,7 @@ from torch import nn
 
 from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
 
+from .graph_check import value_dims
 from .session import create_session, requested_providers
 
 TOLERANCES = {GRAPH_LOGITS: 1e-4, GRAPH_ATTENTIONS: 1e-5}
@@ -31,10 +32,6 @@ PARITY_BATCHES = (1, 7)
 
 class VerificationError(RuntimeError):
     """An exported graph failed a check; the export report says which."""
-
-
-def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
-    return [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
 
 
 def check_file(path: Path, opset: int, outputs: list[str]) -> dict[str, Any]:
@@ -49,8 +46,8 @@ def check_file(path: Path, opset: int, outputs: list[str]) -> dict[str, Any]:
         raise VerificationError(f"{path}: asked for opset {opset}, the file says {written.get('ai.onnx')}")
     if any(uses_external_data(tensor) for tensor in model.graph.initializer):
         raise VerificationError(f"{path} keeps weights in external data; expected one self-contained file")
-    inputs = {value.name: _dims(value) for value in model.graph.input}
-    found = {value.name: _dims(value) for value in model.graph.output}
+    inputs = {value.name: value_dims(value) for value in model.graph.input}
+    found = {value.name: value_dims(value) for value in model.graph.output}
     if list(inputs) != [GRAPH_INPUT] or list(found) != outputs:
         raise VerificationError(f"{path}: expected input {[GRAPH_INPUT]} and outputs {outputs}, "
                                 f"got {list(inputs)} and {list(found)}")
