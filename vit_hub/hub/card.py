@@ -297,7 +297,11 @@ def _onnx_usage(reference: str, repo_id: str | None, onnx: bool) -> list[str]:
                            'print(classifier.predict("image.png", top_k=3))'), "",
                     f"From any language: `{pipeline}` takes an image's decoded pixels (uint8 [height, width, "
                     f"channels]) and returns the probabilities in `{config}`'s label order, with the whole "
-                    "preprocessing described below inside the graph (vit_hub's docs/export.md, \"From another language\").", ""]
+                    "preprocessing described below inside the graph (vit_hub's docs/export.md, \"From another language\"). "
+                    f"`{local.export.pipeline_map.name}` (exported with `--output-attentions`) also returns `map`, "
+                    "the attention-rollout map over the patch grid in [0, 1], and `model_input`, the image the "
+                    f"model saw; `{local.export.preprocess.name}` is the preprocessing alone, for a server that "
+                    "batches the network on a GPU.", ""]
 
 
 def render_card_text(model_dir: Path, repo_id: str | None = None, onnx: bool | None = None) -> str:
