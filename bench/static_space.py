@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from bench.real_uploads import dev_images  # noqa: E402
 from docs.screenshots import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from vit_hub.export import OnnxClassifier  # noqa: E402
+from vit_hub.export.pipeline_check import check_pipeline  # noqa: E402
 from vit_hub.hub.static_space import write_static_space  # noqa: E402
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image  # noqa: E402
 
@@ -71,7 +72,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         space = Path(folder) / "space"
-        write_static_space(args.model, space, "bench/static", args.onnxruntime_web)
+        write_static_space(args.model, space, "bench/static", args.onnxruntime_web, check_pipeline=check_pipeline)
         server = serve(space)
         url = f"http://127.0.0.1:{server.server_address[1]}/"
         with sync_playwright() as playwright:
