@@ -31,7 +31,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "insight": ("insight", "insight.views", "insight.figures", "insight.inspect"),
     "hub": ("", "hub", "hub.weight_checks", "hub.card", "hub.repos", "hub.push_pull", "hub.pretrained", "hub.space",
             "hub.static_space", "hub.key_mapping", "hub.fine_tune", "hub.import_model"),
-    "train": ("train", "train.settings", "train.distributed", "train.schedule", "train.evaluation", "train.teacher",
+    "train": ("train", "train.settings", "train.distributed", "train.schedule", "train.evaluation",
               "train.step", "train.checkpoint", "train.loaders", "train.report", "train.calibration", "train.loop",
               "train.run", "train.sweep"),
     "export": (

@@ -143,7 +143,6 @@ class Trainer:
         lines += [run_report.model_line(self.model, self.plan.config),
                   run_report.training_line(self.plan.schedule, self.runtime, self.loaders.train_loader.num_workers),
                   run_report.step_line(self.step, self.flops_per_image),
-                  *([self.step.teacher.describe()] if self.step.teacher else []),
                   f"weights kept: {self.progress.selection.reason}"]
         print("\n".join(lines))
 
@@ -260,8 +259,6 @@ class Trainer:
                    for name in ("val", "test") if name in self.loaders.eval_sets}
         self.data.unreadable.report(gather=True)
         final = final_evaluation(results)
-        if self.step.teacher is not None:
-            final["teacher"] = self.step.teacher.scores(self.loaders, self.runtime, self.plan.config.num_classes)
         if self.runtime.is_main:
             self._calibrate(results.get("val"))
             self._write_metrics(final)

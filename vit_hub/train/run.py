@@ -39,7 +39,6 @@ from vit_hub.train.schedule import plan_schedule
 from vit_hub.train.settings import (TrainSettings, check_out_is_a_folder, check_out_is_free, check_out_outside_data,
                                     check_settings, holding_out)
 from vit_hub.train.step import build_step, make_optimizer
-from vit_hub.train.teacher import Teacher, check_teacher
 
 
 def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int | None = None,
@@ -65,7 +64,6 @@ def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int 
         check_out_outside_data(out, settings.data)
         start = load_init(settings.init) if settings.init and state is None else None
         with running(settings.device) as runtime:
-            check_teacher(settings.teacher, runtime.world_size, resume, stop_after_epochs is not None)
             trainer = build_trainer(settings, runtime, state=state, start=start, resume_flags=resume_flags)
             metrics = trainer.run(stop_after_epochs)
             if trainer.best_model is not None and runtime.is_main:
@@ -105,10 +103,8 @@ def build_trainer(settings: TrainSettings, runtime: Runtime, state: dict[str, An
         progress = Progress.from_state(load_checkpoint(out.checkpoint, model, optimizer), selection)
     flops = training_flops(model)
     loaders = build_loaders(settings, runtime, config, splits, schedule)
-    teacher = (Teacher(config, runtime.device, settings.seed, schedule.peak_lr, settings.teacher)
-               if settings.teacher else None)
     step = build_step(model, optimizer, runtime, settings.compile, schedule.total_steps,
-                      settings.label_smoothing, settings.grad_clip, teacher)
+                      settings.label_smoothing, settings.grad_clip)
     data = RunData(splits=splits, unreadable=UnreadableReport(splits, runtime), stats=data_stats)
     plan = RunPlan(config=config, schedule=schedule, start=start)
     return Trainer(settings=settings, out=out, runtime=runtime, data=data, plan=plan, model=model,

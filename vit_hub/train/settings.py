@@ -36,7 +36,6 @@ MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig)
 # Settings that say how a run is carried out, not what it computes: --resume may change them.
 HOW_TO_RUN = ("num_workers", "device", "compile", "strict")
 OUT_LOCK = ".vit-hub-train.lock"  # in --out while a run writes it (holding_out)
-TEACHERS = ("resnet18",)  # --teacher: convolutional networks trained beside the ViT (vit_hub.train.teacher)
 FILE_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
               stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}  # what a path that is not a regular file is
 
@@ -75,9 +74,6 @@ class TrainSettings:
             repay the compile time, off on the CPU.
         device: auto, cpu, cuda or cuda:N.
         command: the command line that started the run (for the model card).
-        teacher: a convolutional network trained from scratch beside the ViT on the same
-            batches; the ViT learns the classes it predicts as well as the labels (DeiT's hard
-            distillation; vit_hub/train/teacher.py). One process, no --resume; default: none.
         init: fine-tune from these weights instead of starting from scratch: a timm or
             transformers ViT or a vit_hub model (Hub repo id or folder); a new head for the
             data's labels (the same labels keep the head), positions resized to --image-size,
@@ -105,7 +101,6 @@ class TrainSettings:
     device: str = "auto"
     command: str = ""
     init: str | None = None
-    teacher: str | None = one_of(None, TEACHERS)
 
 
 def check_settings(settings: TrainSettings) -> None:

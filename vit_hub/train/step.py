@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit_hub.train.distributed import Runtime, across_processes
-from vit_hub.train.teacher import Teacher, distillation_loss
 
 MIN_COMPILE_STEPS = 5000  # --compile's default: from this many optimizer steps on (CUDA)
 
@@ -83,28 +82,19 @@ class TrainStep:
     grad_clip: float
     compiled: bool = False
     compile_reason: str = ""
-    teacher: Teacher | None = None  # --teacher: trained on each batch first, its classes the second targets
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if self.teacher is not None:
-            self.teacher.set_lr(lr)
 
     def update(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step on a batch (the teacher's first, when there is one); returns its
-        logits [B, classes] and mean loss."""
+        """One optimizer step on a batch; returns its logits [B, classes] and mean loss."""
         device_type = images.device.type
         autocast = (torch.autocast(device_type, dtype=self.amp_dtype) if self.amp_dtype
                     else contextlib.nullcontext())
-        taught = (self.teacher.update(images, labels, self.label_smoothing, self.amp_dtype)
-                  if self.teacher is not None else None)
         with autocast:
             logits = self.network(images).logits
-            if taught is None:
-                loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
-            else:
-                loss = distillation_loss(logits.float(), labels, taught, self.label_smoothing)
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
@@ -115,9 +105,9 @@ class TrainStep:
 
 
 def build_step(model: nn.Module, optimizer: torch.optim.Optimizer, runtime: Runtime, compile: bool | None,
-               total_steps: int, label_smoothing: float, grad_clip: float, teacher: Teacher | None = None) -> TrainStep:
+               total_steps: int, label_smoothing: float, grad_clip: float) -> TrainStep:
     """The step for this device and these processes: compiled if `compile` (or its default)
-    says so, then wrapped for DDP; `teacher` trains beside the model (--teacher)."""
+    says so, then wrapped for DDP."""
     device = runtime.device
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     compiled, reason = choose_compile(compile, device.type, total_steps, triton=has_triton(), capability=capability)
@@ -126,4 +116,4 @@ def build_step(model: nn.Module, optimizer: torch.optim.Optimizer, runtime: Runt
     # Loss scaling keeps float16 gradients from underflowing; bf16 and fp32 need none.
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     return TrainStep(model, across_processes(network, runtime), optimizer, scaler, amp_dtype,
-                     label_smoothing, grad_clip, compiled, reason, teacher)
+                     label_smoothing, grad_clip, compiled, reason)
