@@ -180,6 +180,7 @@ TABLE_ROWS = (  # (label, run row, record key)
     ("**ResNet-18 reference** (best validation epoch)", "resnet18", "test"),
     ("ResNet-18 reference, test-time flips", "resnet18", "test_flips"),
     ("ResNet-18 reference, last epoch", "resnet18", "last_test"),
+    ("ResNet-18 reference, last epoch, test-time flips", "resnet18", "last_test_flips"),
 )
 REFERENCES = (("resnet18", "test"), ("resnet18", "last_test"))  # the ResNet-18 at its best validation epoch, and last
 

@@ -15,7 +15,8 @@ def record(folder: str, row: str, seed: int, test: float, **extra) -> dict:
 
 def test_the_table_gives_each_rows_mean_spread_and_distance_to_the_resnet():
     results = [record("photos", "defaults", 0, 0.70), record("photos", "defaults", 1, 0.76),
-               record("photos", "resnet18", 0, 0.72, last_test=0.7), record("photos", "resnet18", 1, 0.74, last_test=0.7),
+               record("photos", "resnet18", 0, 0.72, last_test=0.7, last_test_flips=0.71),
+               record("photos", "resnet18", 1, 0.74, last_test=0.7, last_test_flips=0.71),
                {"folder": "photos", "row": "defaults", "seed": 2, "error": "exit code 1"}]
     lines = small_data.folder_table(results, "photos", [0, 1])
     defaults = next(line for line in lines if line.startswith("| ViT defaults |"))
@@ -24,7 +25,8 @@ def test_the_table_gives_each_rows_mean_spread_and_distance_to_the_resnet():
     assert flipped.endswith("| **0.740** | 6.0 | +1.0 / +4.0 |")
     assert [line.split(" | ")[0] for line in lines[4:]] == [  # after the title, a blank line, the header and the rule
         "| ViT defaults", "| ViT defaults, test-time flips", "| **ResNet-18 reference** (best validation epoch)",
-        "| ResNet-18 reference, test-time flips", "| ResNet-18 reference, last epoch"]
+        "| ResNet-18 reference, test-time flips", "| ResNet-18 reference, last epoch",
+        "| ResNet-18 reference, last epoch, test-time flips"]
     detail = "\n".join(small_data.detail_table([results[-1]]))
     assert "failed: exit code 1" in detail
 
