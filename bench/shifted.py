@@ -106,16 +106,21 @@ def resnet_transforms(size: int, mean: list[float], std: list[float]):
 
 
 def accuracy(model, loader, device, flips: bool = False) -> float:
-    """Top-1 accuracy; `flips`: each image scored by the mean of its logits and its mirror image's."""
+    """Top-1 accuracy of a torchvision model (logits out) or a vit_hub one (a ViTOutput); `flips`
+    (test-time flips): each image scored by the mean of its logits and its mirror image's."""
     import torch
+
+    def logits_of(images):
+        output = model(images.to(device))
+        return getattr(output, "logits", output).float()
 
     model.eval()
     right = total = 0
     with torch.inference_mode():
         for images, labels in loader:
-            logits = model(images.to(device)).float()
-            if flips:
-                logits = (logits + model(images.to(device).flip(-1)).float()) / 2
+            logits = logits_of(images)
+            if flips:  # the mirror image: width is the last axis of [B, C, H, W]
+                logits = (logits + logits_of(images.flip(-1))) / 2
             predicted = logits.argmax(1).cpu()
             right += int((predicted == labels).sum())
             total += len(labels)

@@ -23,7 +23,7 @@ stratified 10 % of train/), the initial weights and the augmentation:
              optimizer steps), its best epoch by validation accuracy, as BENCHMARKS.md's
              reference rows were measured; its last epoch beside it.
 Every model is scored on the test split twice: as inference runs, and with test-time flips (the
-mean of an image's logits and its mirror image's; `vit-hub eval --flips`), which costs no
+mean of an image's logits and its mirror image's, bench/shifted.py's `accuracy`), which costs no
 training.
 
 Prints, and writes to OUT/results.md and OUT/results.json after every finished run (a bench cut
@@ -55,7 +55,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT), str(BENCH)]  # the package, and bench/'s own modules when imported from tests
-from shifted import chosen_budget, default_budget  # noqa: E402  (bench/ is this script's own folder)
+from shifted import accuracy, chosen_budget, default_budget  # noqa: E402  (bench/ is this script's own folder)
 from small_cells import generated_cells  # noqa: E402
 
 ROWS = ("defaults", "resnet18")
@@ -86,7 +86,6 @@ def flipped_scores(run: Path, data: str, seed: int, device: str) -> dict:
     from vit_hub.data.batches import EvalTransform, Transformed, make_loader
     from vit_hub.data.sources import load_splits
     from vit_hub.hub.pretrained import load_model
-    from vit_hub.train.evaluation import evaluate
 
     model = load_model(str(run))
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
@@ -97,8 +96,7 @@ def flipped_scores(run: Path, data: str, seed: int, device: str) -> dict:
         loader = make_loader(Transformed(splits.split(name), EvalTransform(model.config)), 256, shuffle=False,
                              seed=0, num_workers=0, pin_memory=False)
         for flips in (False, True):
-            result = evaluate(model, loader, device, model.config.num_classes, flips=flips)
-            scores[name + ("_flips" if flips else "")] = result["accuracy"]
+            scores[name + ("_flips" if flips else "")] = accuracy(model, loader, device, flips)
     return scores
 
 

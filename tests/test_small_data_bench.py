@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from bench import small_data
 from conftest import write_class_folders
+from vit_hub.model.vit import ViTOutput
 
 
 def record(folder: str, row: str, seed: int, test: float, **extra) -> dict:
@@ -60,3 +63,30 @@ def test_each_row_runs_its_own_command_on_the_device_and_workers_given(tmp_path)
     assert "--epochs" not in commands["defaults"]  # the defaults' own
     resnet = commands["resnet18"]
     assert [resnet[resnet.index(flag) + 1] for flag in ("--epochs", "--batch-size", "--image-size")] == ["200", "32", "64"]
+
+
+class LeftHalfVotes(torch.nn.Module):
+    """Logits [B, 2] from the mean brightness of an image's left half against its right half;
+    as a vit_hub model (a ViTOutput) or a torchvision one (a tensor)."""
+
+    def __init__(self, vit_output: bool):
+        super().__init__()
+        self.vit_output = vit_output
+
+    def forward(self, images):
+        width = images.shape[-1]
+        left, right = images[..., : width // 2].mean((1, 2, 3)), images[..., width // 2:].mean((1, 2, 3))
+        logits = torch.stack([left - right, 0.1 * (right - left)], 1)
+        return ViTOutput(logits=logits) if self.vit_output else logits
+
+
+def test_test_time_flips_score_each_image_by_its_logits_and_its_mirror_images():
+    images = torch.zeros(2, 1, 4, 4)
+    images[0, ..., :2] = 1  # bright on the left: logits (1, -0.1), class 0; mirrored (-1, 0.1)
+    images[1, ..., 2:] = 1  # bright on the right: logits (-1, 0.1), class 1; mirrored (1, -0.1)
+    loader = [(images, torch.tensor([0, 1]))]
+    for vit_output in (True, False):
+        model = LeftHalfVotes(vit_output)
+        assert small_data.accuracy(model, loader, "cpu") == 1.0
+        flipped = small_data.accuracy(model, loader, "cpu", flips=True)
+        assert flipped == 0.5  # each image's mean with its mirror is (0, 0): class 0, right for the first image only

@@ -98,9 +98,6 @@ def _add_eval(commands) -> None:
                                "default: %(default)s)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of that split (as in training)")
     evaluate.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
-    evaluate.add_argument("--flips", action="store_true",
-                          help="test-time flips: score each image by the mean of its logits and its mirror "
-                               "image's (twice the forward passes; default: off)")
 
 
 def _add_predict(commands) -> None:
@@ -250,11 +247,11 @@ def run_eval(args: argparse.Namespace) -> None:
     dataset = Transformed(splits.split(split), EvalTransform(model.config))
     loader = make_loader(dataset, args.batch_size, shuffle=False, seed=0, num_workers=default_workers(),
                          pin_memory=False)
-    result = evaluate(model, loader, next(model.parameters()).device, model.config.num_classes, flips=args.flips)
+    result = evaluate(model, loader, next(model.parameters()).device, model.config.num_classes)
     if splits.skipped:  # files are checked as they are read; stderr: stdout carries the JSON line scripts parse
         print(splits.skipped_report(), file=sys.stderr)
     print(json.dumps({"accuracy": result["accuracy"], "loss": result["loss"], "n": result["n"],
-                      "split": split, "model": args.model, "data": args.data, "flips": args.flips}))
+                      "split": split, "model": args.model, "data": args.data}))
 
 
 def run_predict(args: argparse.Namespace) -> None:

@@ -19,12 +19,10 @@ SHIFT_GAP = 0.05  # test accuracy this far below validation accuracy is reported
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device, num_classes: int,
-             runtime: Runtime | None = None, progress: bool = False, keep_logits: bool = False,
-             flips: bool = False) -> dict[str, Any]:
+             runtime: Runtime | None = None, progress: bool = False, keep_logits: bool = False) -> dict[str, Any]:
     """Loss, accuracy and confusion matrix over a loader (summed over all processes). With
     `keep_logits`, also this process's own "logits" [N, classes] and "labels" [N] as numpy
-    arrays (what a temperature is fitted on: `vit_hub.train.calibration`). With `flips`
-    (test-time flips), each image's logits are the mean of its own and its mirror image's."""
+    arrays (what a temperature is fitted on: `vit_hub.train.calibration`)."""
     model.eval()
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -32,8 +30,6 @@ def evaluate(model: nn.Module, loader, device: torch.device, num_classes: int,
     for images, labels in tqdm(loader, desc="eval", leave=False, disable=not progress):
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         logits = model(images).logits.float()
-        if flips:  # the mirror image: width is the last axis of [B, C, H, W]
-            logits = (logits + model(images.flip(-1)).logits.float()) / 2
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").double()
         confusion += torch.bincount(labels * num_classes + logits.argmax(1), minlength=num_classes**2).view(
             num_classes, num_classes
