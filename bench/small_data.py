@@ -4,7 +4,7 @@ flips) and the ResNet-18 reference at the same input size, epochs and batch.
 
     python bench/small_data.py --data DIR [DIR ...] [--seeds 0 1 2] [--rows defaults resnet18]
                                [--jobs 1] [--workers 1] [--device auto] [--epochs N] [--subset N]
-                               [--out DIR] [--runs DIR]
+                               [--image-size N] [--vit-flags "FLAGS"] [--out DIR] [--runs DIR]
 
 `--data`: folders with train/<class>/ and test/<class>/ (real photo folders such as
 ../shared/photos-dev/catsdogs and ../shared/photos-dev/flowers12, which stay outside the
@@ -17,11 +17,14 @@ OMP_NUM_THREADS=1 and `--workers` loader workers; `--jobs` of them run at a time
 they share it), those that see the most photos first. The seed picks the validation split (a
 stratified 10 % of train/), the initial weights and the augmentation:
   defaults   `vit-hub train --data DIR --out RUN --seed S` (plus --device, --workers and
-             --epochs as given), the last epoch kept;
+             --epochs as given, and the flags of a candidate change: `--vit-flags`), the last
+             epoch kept;
   resnet18   torchvision's ResNet-18 from scratch (bench-only: bench/shifted.py's row) at the
              input size, epochs and batch size the defaults choose for the folder (the same
              optimizer steps), its best epoch by validation accuracy, as BENCHMARKS.md's
              reference rows were measured; its last epoch beside it.
+`--image-size N` gives both rows another input size: the ViT `--image-size N --patch-size N/8`
+(the defaults' 8x8 token grid), the ResNet-18 N px, so a larger input is compared at equal size.
 Every model is scored on the test split twice: as inference runs, and with test-time flips (the
 mean of an image's logits and its mirror image's, bench/shifted.py's `accuracy`), which costs no
 training.
@@ -46,6 +49,7 @@ import concurrent.futures
 import json
 import os
 import shutil
+import shlex
 import statistics
 import subprocess
 import sys
@@ -61,6 +65,7 @@ from small_cells import generated_cells  # noqa: E402
 ROWS = ("defaults", "resnet18")
 COST = {"defaults": 1.0, "resnet18": 1.1}  # rough cost per photo seen, to start the longest first
 VAL_SPLIT = 0.1  # vit-hub train's default, which the ResNet row holds out alike
+TOKEN_GRID = 8  # patches a side that the defaults choose on a small folder; --image-size keeps it
 
 
 # A ViT row's child: train, then score the kept model with and without flips ---------------------
@@ -109,8 +114,11 @@ def run_command(row: str, data: Path, out: Path, seed: int, args, budget: dict) 
                 "--image-size", str(budget["image_size"]), "--seed", str(seed), "--workers", str(args.workers),
                 "--device", args.device]
     extra = ["--epochs", str(args.epochs)] if args.epochs else []
+    if args.image_size:
+        extra += ["--image-size", str(args.image_size), "--patch-size", str(args.image_size // TOKEN_GRID)]
     return [sys.executable, str(BENCH / "small_data.py"), "vit-run", "--data", str(data), "--out", str(out),
-            "--seed", str(seed), "--workers", str(args.workers), "--device", args.device, *extra]
+            "--seed", str(seed), "--workers", str(args.workers), "--device", args.device, *extra,
+            *shlex.split(args.vit_flags)]
 
 
 def run(task: dict, args) -> dict:
@@ -156,6 +164,8 @@ def plan(folders: list[Path], args) -> list[dict]:
     tasks = []
     for data in folders:
         budget = default_budget(data)
+        if args.image_size:
+            budget["image_size"] = args.image_size
         steps = (args.epochs or budget["epochs"]) * max(1, budget["train"] // budget["batch_size"])
         print(f"{data.name}: {budget['train']} training photos; {args.epochs or budget['epochs']} epochs x batch "
               f"{budget['batch_size']} at {budget['image_size']} px = {steps} steps a run", flush=True)
@@ -268,9 +278,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=1, help="loader processes of each run")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N, for every run")
     parser.add_argument("--subset", type=int, metavar="N", help="train on N photos a class (a smoke test)")
+    parser.add_argument("--image-size", type=int, metavar="N",
+                        help=f"both rows at N px (the ViT with patches of N/{TOKEN_GRID}; default: the defaults' size)")
+    parser.add_argument("--vit-flags", default="", metavar="FLAGS",
+                        help='more `vit-hub train` flags for the ViT row, e.g. "--pos-embedding sincos"')
     parser.add_argument("--out", type=Path, default=Path("/tmp/vit_hub_small_data"), help="results and logs")
     parser.add_argument("--runs", type=Path, help="the runs' model dirs (default: OUT/runs)")
     args = parser.parse_args(argv)
+    if args.image_size is not None and (args.image_size < TOKEN_GRID or args.image_size % TOKEN_GRID):
+        parser.error(f"--image-size: expected a multiple of {TOKEN_GRID} of at least {TOKEN_GRID}, got {args.image_size}")
     args.out = args.out.resolve()
     args.runs = (args.runs or args.out / "runs").resolve()
     return args

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from bench import small_data
@@ -63,6 +64,24 @@ def test_each_row_runs_its_own_command_on_the_device_and_workers_given(tmp_path)
     assert "--epochs" not in commands["defaults"]  # the defaults' own
     resnet = commands["resnet18"]
     assert [resnet[resnet.index(flag) + 1] for flag in ("--epochs", "--batch-size", "--image-size")] == ["200", "32", "64"]
+
+
+def test_a_candidate_change_reaches_the_vit_row_alone_and_a_size_reaches_both(tmp_path):
+    args = small_data.parse_args(["--image-size", "128", "--vit-flags", "--pos-embedding sincos --depth 8",
+                                  "--out", str(tmp_path)])
+    budget = {"train": 450, "epochs": 200, "batch_size": 32, "image_size": args.image_size}
+    vit = small_data.run_command("defaults", tmp_path / "photos", tmp_path / "run", 0, args, budget)
+    resnet = small_data.run_command("resnet18", tmp_path / "photos", tmp_path / "run", 0, args, budget)
+    assert vit[vit.index("--image-size"):] == ["--image-size", "128", "--patch-size", "16",
+                                               "--pos-embedding", "sincos", "--depth", "8"]
+    assert resnet[resnet.index("--image-size") + 1] == "128" and "--pos-embedding" not in resnet
+
+
+@pytest.mark.parametrize("size", ["100", "4"])
+def test_an_input_size_off_the_token_grid_is_refused_in_one_line(size, capsys):
+    with pytest.raises(SystemExit):
+        small_data.parse_args(["--image-size", size])
+    assert f"--image-size: expected a multiple of 8 of at least 8, got {size}" in capsys.readouterr().err
 
 
 class LeftHalfVotes(torch.nn.Module):
