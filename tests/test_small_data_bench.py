@@ -69,7 +69,11 @@ def test_each_row_runs_its_own_command_on_the_device_and_workers_given(tmp_path)
 def test_a_candidate_change_reaches_the_vit_row_alone_and_a_size_reaches_both(tmp_path):
     args = small_data.parse_args(["--image-size", "128", "--vit-flags", "--pos-embedding sincos --depth 8",
                                   "--out", str(tmp_path)])
-    budget = {"train": 450, "epochs": 200, "batch_size": 32, "image_size": args.image_size}
+    for split in ("train", "test"):
+        write_class_folders(tmp_path / "photos" / split, per_class=4, seed=0)
+    tasks = small_data.plan([tmp_path / "photos"], args)
+    assert {task["budget"]["image_size"] for task in tasks} == {128}  # the ResNet row's size too
+    budget = tasks[0]["budget"]
     vit = small_data.run_command("defaults", tmp_path / "photos", tmp_path / "run", 0, args, budget)
     resnet = small_data.run_command("resnet18", tmp_path / "photos", tmp_path / "run", 0, args, budget)
     assert vit[vit.index("--image-size"):] == ["--image-size", "128", "--patch-size", "16",
