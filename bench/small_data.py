@@ -48,8 +48,8 @@ import argparse
 import concurrent.futures
 import json
 import os
-import shutil
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
