@@ -143,7 +143,7 @@ def _gray(g: GraphBuilder, pixels: str) -> str:
 def _normalized(g: GraphBuilder, planes: str, config: ViTConfig) -> str:
     """preprocess.normalize of [C, H, W] gray levels."""
     images = g.Div(planes, g.const(255.0))
-    if config.pixel_norm == "image":  # each image's own mean and spread, summed in doubles (NumPy sums pairwise)
+    if config.pixel_norm == "image":  # each image's own mean and spread in doubles, as preprocess._image_stats
         wide = g.Cast(images, to=DOUBLE)
         mean = g.ReduceMean(wide, g.const([1, 2]), keepdims=1)
         spread = g.ReduceMean(g.Mul(g.Sub(wide, mean), g.Sub(wide, mean)), g.const([1, 2]), keepdims=1)

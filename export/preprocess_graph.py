@@ -37,10 +37,10 @@ from .pipeline_graph import decoded_pixels, preprocessing_graph
 from .session import CPU, ORT_ERRORS, QUIET_RUN, quiet_session_options
 
 EXECUTION_PROVIDER = "vit_hub.execution_provider"  # metadata: the provider the graph is meant for
-# Largest |preprocess.onnx - preprocess| accepted per pixel value: an image normalised by its own
-# mean and spread (pixel_norm="image") sums in doubles where NumPy sums float32 pairwise (up to
-# ~1e-4 on noise, tests/test_pipeline_graph.py); with the config's mean and std within 1e-6.
-PIXEL_TOLERANCE = 5e-4
+# Largest |preprocess.onnx - preprocess| accepted per pixel value: both paths run the same float32
+# resize and normalisation (an image's own mean and spread in doubles), within 1e-6 on every
+# photo mode and size tests/test_pipeline_graph.py tries; the margin is for other CPUs' kernels.
+PIXEL_TOLERANCE = 1e-4
 
 
 def preprocessing_model(config: ViTConfig) -> onnx.ModelProto:

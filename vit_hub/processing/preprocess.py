@@ -211,14 +211,25 @@ def normalize(pixels: Pixels, config: ViTConfig, stats: tuple[Pixels, Pixels] | 
     both run these same float32 operations, so with the config's mean and std a training
     batch equals `preprocess` bit for bit. `stats` is `dataset_stats` already on the
     tensor's device, for a caller that normalises many batches there."""
-    images = (pixels.astype(np.float32) if isinstance(pixels, np.ndarray) else pixels.float()) / 255.0
-    if config.pixel_norm == "image":
-        mean = images.mean(axis=(-2, -1), keepdims=True)
-        std = (((images - mean) ** 2).mean(axis=(-2, -1), keepdims=True) ** 0.5).clip(MIN_STD)
+    is_numpy = isinstance(pixels, np.ndarray)
+    images = (pixels.astype(np.float32) if is_numpy else pixels.float()) / 255.0
+    if config.pixel_norm == "image":  # the statistics in float64, then float32, as pipeline.onnx takes them
+        mean, std = _image_stats(images.astype(np.float64) if is_numpy else images.double())
+        mean, std = (mean.astype(np.float32), std.astype(np.float32)) if is_numpy else (mean.float(), std.float())
+        std = std.clip(MIN_STD)
     else:
         mean, std = stats or tuple(values if isinstance(images, np.ndarray) else images.new_tensor(values)
                                    for values in dataset_stats(config))
     return (images - mean) / std
+
+
+def _image_stats(wide: Pixels) -> tuple[Pixels, Pixels]:
+    """float64 [..., C, H, W] -> each plane's mean and spread [..., C, 1, 1]. In float64 because a
+    near-flat plane divides by a spread of a grey level or less: float32 sums, whose round-off
+    depends on the order they add in, would differ between NumPy, torch and ONNX Runtime by up to
+    1e-2 after that division (tests/test_pipeline_graph.py)."""
+    mean = wide.mean(axis=(-2, -1), keepdims=True)
+    return mean, ((wide - mean) ** 2).mean(axis=(-2, -1), keepdims=True) ** 0.5
 
 
 def to_model_domain(image: Image.Image, config: ViTConfig) -> Image.Image:
