@@ -150,3 +150,73 @@ def test_another_models_graph_is_refused_in_one_line(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert_one_line(done.stderr, "expected pipeline.onnx to give one probability per label of config.json (12 labels), "
                                  "found probabilities of shape [10]")
+
+
+# --map OUT and config.json from an untrusted hand -------------------------------------------
+def run_node(model_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["node", "classify.mjs", str(model_dir), *args], cwd=EXAMPLE, capture_output=True,
+                          text=True, timeout=300)
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.is_file()}
+
+
+@pytest.mark.parametrize("case", ["the input", "the input by another name", "an existing file", "a link to a file",
+                                  "a dangling link", "a folder"])
+def test_map_never_writes_over_a_file_or_through_a_link(case, tmp_path):
+    """`--map OUT` writes only a new file: the input image, any file that exists, a link (even
+    one pointing nowhere: it would create its target) and a folder are refused in one line
+    before anything runs, and no file changes."""
+    image = tmp_path / "digit.png"
+    image.write_bytes(SAMPLES[0].read_bytes())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_text("a person's notes\n")
+    out = {"the input": image, "the input by another name": tmp_path / "." / "digit.png",
+           "an existing file": elsewhere / "notes.txt", "a link to a file": tmp_path / "link.png",
+           "a dangling link": tmp_path / "dangling.png", "a folder": elsewhere}[case]
+    if case == "a link to a file":
+        out.symlink_to(elsewhere / "notes.txt")
+    if case == "a dangling link":
+        out.symlink_to(elsewhere / "created.png")
+    before = (files_in(tmp_path), files_in(elsewhere))
+    done = run_node(MODEL_DIR, str(image), "--map", str(out))
+    assert done.returncode == 2 and done.stdout == ""
+    assert_one_line(done.stderr, "--map: expected a new file to write the overlay to, found", str(out))
+    assert (files_in(tmp_path), files_in(elsewhere)) == before
+    assert "input image" in done.stderr if case.startswith("the input") else "input image" not in done.stderr
+
+
+@pytest.mark.parametrize("out", ["missing/overlay.png", "/dev/full", "/sys/overlay.png"])
+def test_map_that_cannot_be_written_fails_in_one_line(out, tmp_path):
+    """A folder that does not exist and a device are refused before anything runs (exit 2); a
+    write that fails (root may not create files in /sys either) exits 1, leaving nothing behind."""
+    out = str(tmp_path / out) if out.startswith("missing") else out
+    done = run_node(MODEL_DIR, str(SAMPLES[0]), "--map", out)
+    assert done.returncode == (1 if out.startswith("/sys") else 2) and done.stdout == ""
+    assert_one_line(done.stderr, "--map: expected", out)
+    assert not list(Path(out).parent.glob(".classify-*")) if not out.startswith("/dev") else True
+
+
+def test_map_writes_through_a_temporary_file_beside_it(tmp_path):
+    """The overlay is written beside OUT and renamed to it: after a run only OUT is there."""
+    (row,) = classify_in_node(MODEL_DIR, [SAMPLES[0]], "--map", str(tmp_path / "overlay.png"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["overlay.png"]
+    assert Image.open(row["overlay"]).size[0] > 0
+
+
+@pytest.mark.parametrize("config", ["{\"labels\": [", "", "null", "{\"labels\": \"0123456789\"}"])
+def test_a_config_that_is_not_json_or_has_no_labels_is_refused_in_one_line(config, tmp_path):
+    (tmp_path / "pipeline.onnx").write_bytes((MODEL_DIR / "pipeline.onnx").read_bytes())
+    (tmp_path / "config.json").write_text(config)
+    done = run_node(tmp_path, str(SAMPLES[0]))
+    assert done.returncode == 2 and done.stdout == ""
+    assert_one_line(done.stderr, "config.json")
+
+
+def test_a_missing_config_is_refused_in_one_line(tmp_path):
+    (tmp_path / "pipeline.onnx").write_bytes((MODEL_DIR / "pipeline.onnx").read_bytes())
+    done = run_node(tmp_path, str(SAMPLES[0]))
+    assert done.returncode == 2
+    assert_one_line(done.stderr, f"expected config.json in {tmp_path}, found none")

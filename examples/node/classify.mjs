@@ -12,8 +12,12 @@
 // writes it), adds the map [grid_h][grid_w] to the line and writes the app's overlay as a PNG:
 // over the image the model saw for a digit model (its canonicalised digit), over the upload
 // for any other. The drawing is ../../vit_hub/hub/static_page/overlay.mjs, the static Space's.
+// OUT must be a new file in an existing folder: an existing file (the input image above all), a
+// link or a folder is refused before anything runs, and the PNG is written to a temporary file
+// beside OUT, then renamed to it, so a failed write leaves nothing half-written. A failure is one
+// line on stderr and a non-zero exit, never a stack trace.
 import { existsSync } from "node:fs";
-import { readFile } from "node:fs/promises";
+import { lstat, open, readFile, rename, stat, unlink } from "node:fs/promises";
 import path from "node:path";
 import * as ort from "onnxruntime-node";
 import sharp from "sharp";
@@ -26,6 +30,83 @@ async function decode(file) {
   // rotate(): apply the EXIF orientation, as a phone photo is meant to be seen.
   const { data, info } = await sharp(file).rotate().raw().toBuffer({ resolveWithObject: true });
   return new ort.Tensor("uint8", data, [info.height, info.width, info.channels]);
+}
+
+// A refusal: one line on stderr, then exit with `code` (2: the command line or the model dir is wrong).
+class Refusal extends Error {
+  constructor(message, code = 2) {
+    super(message);
+    this.code = code;
+  }
+}
+
+// config.json of MODEL_DIR: a JSON object whose labels are a list of strings.
+async function readConfig(modelDir) {
+  const file = path.join(modelDir, "config.json");
+  let text;
+  try {
+    text = await readFile(file, "utf8");
+  } catch (error) {
+    throw new Refusal(`expected config.json in ${modelDir}, found none (${error.code ?? error.message})`);
+  }
+  let config;
+  try {
+    config = JSON.parse(text);
+  } catch (error) {
+    throw new Refusal(`expected ${file} to be JSON, found text that is not: ${firstLine(error.message)}`);
+  }
+  const labels = config?.labels;
+  if (!Array.isArray(labels) || !labels.every((label) => typeof label === "string")) {
+    throw new Refusal(`expected ${file} to be an object with "labels", a list of strings, found ` +
+      `${JSON.stringify(labels === undefined ? config : labels)?.slice(0, 80)}`);
+  }
+  return config;
+}
+
+function firstLine(text) {
+  return String(text).split("\n")[0];
+}
+
+// Where --map may write: a new file (not the input image, not a link, nothing that exists) in an
+// existing folder. Checked before anything runs, so a refusal costs no work and changes no file.
+async function checkMapOut(out, input) {
+  const found = await lstat(out).catch(() => null);
+  if (found) {
+    const sameAsInput = await sameFile(out, input);
+    const what = sameAsInput ? "the input image" : found.isSymbolicLink() ? "a link" : found.isDirectory()
+      ? "a folder" : found.isFile() ? "an existing file" : "an existing device or special file";
+    throw new Refusal(`--map: expected a new file to write the overlay to, found ${out}, ${what}; ` +
+      "give the name of a file that does not exist yet");
+  }
+  const folder = path.dirname(path.resolve(out));
+  const parent = await stat(folder).catch(() => null);
+  if (!parent?.isDirectory()) {
+    throw new Refusal(`--map: expected ${out} in an existing folder, found no folder ${folder}`);
+  }
+}
+
+async function sameFile(a, b) {
+  const [first, second] = await Promise.all([stat(a).catch(() => null), stat(b).catch(() => null)]);
+  return Boolean(first && second && first.dev === second.dev && first.ino === second.ino);
+}
+
+// Write `data` to `out` through a temporary file beside it, synced, then renamed; any failure
+// removes the temporary file and is a Refusal with exit code 1.
+async function writeBeside(out, data) {
+  const temporary = path.join(path.dirname(out), `.classify-${process.pid}-${Date.now()}.png.partial`);
+  try {
+    const handle = await open(temporary, "wx");
+    try {
+      await handle.writeFile(data);
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
+    await rename(temporary, out);
+  } catch (error) {
+    await unlink(temporary).catch(() => {});
+    throw new Refusal(`--map: expected to write the overlay to ${out}, got ${firstLine(error.message)}`, 1);
+  }
 }
 
 // Another model's graph gives probabilities for other classes: what is wrong, or null.
@@ -60,7 +141,9 @@ async function writeOverlay(answer, image, config, out) {
   const { pixels: base, height, width, channels } = await underTheMap(answer, image, config);
   const shown = forDisplay(base, height, width, channels, config.in_channels === 1);
   const pixels = overlay(shown, answer.map.data, gridH, gridW, answer.map_colours.data);
-  await sharp(Buffer.from(pixels), { raw: { width: shown.width, height: shown.height, channels: 3 } }).png().toFile(out);
+  const png = await sharp(Buffer.from(pixels), { raw: { width: shown.width, height: shown.height, channels: 3 } })
+    .png().toBuffer();
+  await writeBeside(out, png);
   return Array.from({ length: gridH }, (_, row) => Array.from(answer.map.data.slice(row * gridW, (row + 1) * gridW)));
 }
 
@@ -72,7 +155,8 @@ async function main(argv) {
     console.error(USAGE);
     return 2;
   }
-  const config = JSON.parse(await readFile(path.join(modelDir, "config.json"), "utf8"));
+  const config = await readConfig(modelDir);
+  if (mapOut) await checkMapOut(mapOut, files[0]);
   const graph = path.join(modelDir, mapOut ? "pipeline_map.onnx" : "pipeline.onnx");
   if (!existsSync(graph)) {
     console.error(`expected ${path.basename(graph)} in ${modelDir}, found none: write it with python -m vit_hub.export `
@@ -93,6 +177,7 @@ async function main(argv) {
       const map = mapOut ? { map: await writeOverlay(answer, image, config, mapOut), overlay: mapOut } : {};
       console.log(JSON.stringify({ file, label: top[0][0], top, ...map }));
     } catch (error) {
+      if (error instanceof Refusal) throw error; // the overlay could not be written: the command fails
       // A refused image (no ink, too large, 5 channels) or an undecodable file: its own line.
       console.log(JSON.stringify({ file, error: error.message.split("\n")[0] }));
     }
@@ -100,4 +185,15 @@ async function main(argv) {
   return 0;
 }
 
-process.exitCode = await main(process.argv.slice(2));
+// Refusals are one line on stderr; anything else is a bug and keeps its stack trace.
+async function run(argv) {
+  try {
+    return await main(argv);
+  } catch (error) {
+    if (!(error instanceof Refusal)) throw error;
+    console.error(`error: ${error.message}`);
+    return error.code;
+  }
+}
+
+process.exitCode = await run(process.argv.slice(2));
