@@ -16,6 +16,7 @@ import onnx
 import pytest
 from hub_double import serving_hub
 from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import set_external_data
 from PIL import Image
 
 from conftest import assert_one_line
@@ -298,11 +299,71 @@ BAD_PIPELINES = {  # name: (the bytes of pipeline.onnx from (the model's graph, 
         helper.make_node("ReduceSum", ["filled"], ["total"], keepdims=1),
         helper.make_node("Add", ["zeros", "total"], ["probabilities"])], [ZEROS, HUGE], weights),
         "expected it to run on"),
+    "custom-op-in-a-loop": (lambda graph, weights: tied(with_custom_node_in(graph, "Loop"), weights),
+                            "found com.example.Decode"),
+    "custom-op-in-an-if": (lambda graph, weights: tied(with_custom_node_in(graph, "If"), weights),
+                           "found com.example.Decode"),
+    "external-data": (lambda graph, weights: tied(with_external_initializer(graph), weights),
+                      "expected one self-contained file, found initializer 'model.cls_token' in external data"),
+    "external-data-in-an-if": (lambda graph, weights: tied(with_external_initializer(graph, "If"), weights),
+                               "expected one self-contained file, found initializer 'hidden_weight' in external data"),
+    "sum-0.5": (lambda graph, weights: tied(with_probabilities_halved(graph), weights),
+                "finite probabilities summing to 1 for mnist_test_0000_label_7.png, found shape [10], sum 0.5"),
+    "image-rank-4": (lambda graph, weights: tied(with_image_rank(graph, ["batch", "height", "width", "channels"]),
+                                                 weights),
+                     "expected one input 'image', uint8 [height, width, channels], found [('image', ['batch', "),
+    "image-rank-unknown": (lambda graph, weights: tied(with_image_rank(graph, []), weights),
+                           "expected one input 'image', uint8 [height, width, channels], found [('image', [])]"),
 }
 
 
 def with_output_of(model: onnx.ModelProto, classes: int) -> onnx.ModelProto:
     model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = classes
+    return model
+
+
+def body_of(model: onnx.ModelProto, op_type: str) -> onnx.GraphProto:
+    """The graph inside the first `op_type` node (a Loop's body, an If's then_branch)."""
+    node = next(node for node in model.graph.node if node.op_type == op_type)
+    return next(attribute.g for attribute in node.attribute if attribute.name in ("body", "then_branch"))
+
+
+def with_custom_node_in(model: onnx.ModelProto, op_type: str) -> onnx.ModelProto:
+    """A custom operator hidden inside the first Loop or If of the graph, not at its top."""
+    body_of(model, op_type).node.append(helper.make_node("Decode", ["image"], ["hidden"], domain="com.example"))
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    return model
+
+
+def with_external_initializer(model: onnx.ModelProto, op_type: str | None = None) -> onnx.ModelProto:
+    """A weight whose bytes lie in another file (weights.bin), which a page's download lacks: one of
+    the graph's own (op_type None), or one added inside the first `op_type` node's graph."""
+    if op_type is None:
+        tensor = model.graph.initializer[0]
+    else:
+        tensor = body_of(model, op_type).initializer.add()
+        tensor.CopyFrom(numpy_helper.from_array(np.zeros(4, np.float32), "hidden_weight"))
+    set_external_data(tensor, location="weights.bin")
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    return model
+
+
+def with_probabilities_halved(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Probabilities in [0, 1] and finite, but summing to 0.5: each divided by 2 at the end."""
+    producer = next(node for node in model.graph.node if "probabilities" in node.output)
+    producer.output[list(producer.output).index("probabilities")] = "probabilities/whole"
+    model.graph.initializer.append(numpy_helper.from_array(np.array(2, np.float32), "probabilities/two"))
+    model.graph.node.append(helper.make_node("Div", ["probabilities/whole", "probabilities/two"], ["probabilities"]))
+    return model
+
+
+def with_image_rank(model: onnx.ModelProto, dims: list[str]) -> onnx.ModelProto:
+    """The image input declared with `dims` axes instead of [height, width, channels]."""
+    image = next(value for value in model.graph.input if value.name == "image")
+    image.type.tensor_type.ClearField("shape")
+    for name in dims:
+        image.type.tensor_type.shape.dim.add().dim_param = name
     return model
 
 
@@ -322,6 +383,7 @@ REFUSAL_CASES = [("pipeline_map.onnx", case) for case in BAD_PIPELINES] + [("pip
 @pytest.mark.parametrize("shipped, case", REFUSAL_CASES, ids=[f"{name}-{case}" for name, case in REFUSAL_CASES])
 def test_a_pipeline_the_page_could_not_run_is_refused_before_the_static_space_is_written(model_dir, tmp_path,
                                                                                           shipped, case):
+    """Each graph of BAD_PIPELINES is refused in one line naming what was found; nothing is written."""
     make, message = BAD_PIPELINES[case]
     graph = bundled_graph(model_dir, shipped)
     graph.write_bytes(make(onnx.load(str(graph)), model_dir / "model.safetensors"))
