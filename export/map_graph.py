@@ -41,7 +41,7 @@ from vit_hub.processing.preprocess import model_pixels, resize, to_model_domain
 
 from .graph_builder import FLOAT, UINT8, GraphBuilder
 from .pipeline_graph import (PROBABILITY_TOLERANCE, _same_opset, decoded_pixels, pipeline_session, preprocessing_graph,
-                             save_with_image_input, verify_pipeline)
+                             probabilities, save_with_image_input, verify_pipeline)
 from .rollout_graph import rollout_map
 from .session import QUIET_RUN
 
@@ -58,13 +58,7 @@ def write_map_pipeline(attentions_graph: Path, target: Path, config: ViTConfig) 
     pixel_values, seen = (value.name for value in preprocessing.graph.output)
     merged = onnx.compose.merge_models(preprocessing, network, io_map=[(pixel_values, GRAPH_INPUT)],
                                        outputs=[seen, GRAPH_LOGITS, GRAPH_ATTENTIONS], prefix2="")
-    g = GraphBuilder()
-    calibrated = g.Softmax(g.Div(GRAPH_LOGITS, g.const(np.float32(config.temperature))), axis=-1)  # postprocess.softmax
-    answers = {PIPELINE_OUTPUT: g.Squeeze(calibrated, g.const([0])),
-               PIPELINE_MAP: g.Squeeze(rollout_map(g, GRAPH_ATTENTIONS, config), g.const([0])),
-               PIPELINE_MODEL_INPUT: seen, PIPELINE_MAP_COLOURS: g.const(colour_table(DEFAULT_COLOURMAP))}
-    g.nodes.extend(helper.make_node("Identity", [value], [name], name=name) for name, value in answers.items())
-    merged.graph.node.extend(g.nodes)
+    merged.graph.node.extend(map_answers(config, seen).nodes)
     height, width = config.image_size
     del merged.graph.output[:]
     merged.graph.output.extend([
@@ -73,6 +67,17 @@ def write_map_pipeline(attentions_graph: Path, target: Path, config: ViTConfig) 
         helper.make_tensor_value_info(PIPELINE_MODEL_INPUT, UINT8, [height, width, config.in_channels]),
         helper.make_tensor_value_info(PIPELINE_MAP_COLOURS, UINT8, [256, 3])])
     return save_with_image_input(merged, target)
+
+
+def map_answers(config: ViTConfig, seen: str) -> GraphBuilder:
+    """The nodes after the network in pipeline_map.onnx: its logits and attentions, and the
+    preprocessing's image `seen` -> the outputs MAP_OUTPUTS."""
+    g = GraphBuilder()
+    answers = {PIPELINE_OUTPUT: probabilities(g, GRAPH_LOGITS, config),
+               PIPELINE_MAP: g.Squeeze(rollout_map(g, GRAPH_ATTENTIONS, config), g.const([0])),
+               PIPELINE_MODEL_INPUT: seen, PIPELINE_MAP_COLOURS: g.const(colour_table(DEFAULT_COLOURMAP))}
+    g.nodes.extend(helper.make_node("Identity", [value], [name], name=name) for name, value in answers.items())
+    return g
 
 
 def run_map_pipeline(session: ort.InferenceSession, pixels: np.ndarray) -> dict[str, np.ndarray]:

@@ -7,8 +7,8 @@ found, before the Space is written:
 
   * size and form: at most what the config's weights allow, one self-contained graph with
     no functions or external data, ai.onnx operators only, each among those
-    `python -m vit_hub.export` writes into a pipeline for this config (in the Loop and If
-    bodies too), at an opset it writes (PIPELINE_OPSETS);
+    `python -m vit_hub.export` writes into a pipeline for this config, read off the graphs it
+    builds (`exported_operators`; in the Loop and If bodies too), at an opset it writes (PIPELINE_OPSETS);
   * inputs and outputs: `image` uint8 [height, width, channels] and `probabilities` float32
     [one per label] first;
   * its weights: the sha256 of model.safetensors it carries, as every exported graph does;
@@ -38,10 +38,10 @@ from .exporter import OPSETS
 from .graph_builder import OPSET
 from .graph_check import (KNOWN_OPS, ONNX_DOMAINS, OnnxModelError, _load, max_graph_bytes, tied_weights, value_dims,
                           weights_sha256)
-from .pipeline_graph import decoded_pixels, preprocessing_graph
+from .map_graph import map_answers
+from .pipeline_graph import decoded_pixels, pipeline_answers, preprocessing_graph
 
 PIPELINE_OPSETS = range(OPSET, max(supported.stop for supported in OPSETS.values()))
-CALIBRATION_OPS = frozenset({"Div", "Softmax", "Squeeze"})  # the logits to probabilities (write_pipeline)
 RUN_BASE_BYTES = 2**30  # the child's address space for Python, numpy and onnxruntime (about 210 MB used)
 RUN_TIMEOUT_SECONDS = 120
 SUM_TOLERANCE = 1e-3
@@ -104,10 +104,13 @@ def _check_form(model: onnx.ModelProto, path: Path, config: ViTConfig) -> None:
 
 
 def exported_operators(config: ViTConfig) -> frozenset[str]:
-    """The operators a pipeline of `config` is made of: its preprocessing's, the network's
-    (KNOWN_OPS) and the calibrated softmax's."""
-    preprocessing = {node.op_type for node in _all_nodes(preprocessing_graph(config).graph)}
-    return frozenset(preprocessing) | KNOWN_OPS | CALIBRATION_OPS
+    """The operators pipeline.onnx and pipeline_map.onnx of `config` are made of, read off the
+    graphs the export builds for it: the preprocessing (with and without model_input), the
+    network's (KNOWN_OPS) and the nodes after it (the calibrated softmax, the rollout map)."""
+    built = [preprocessing_graph(config).graph, preprocessing_graph(config, with_model_input=True).graph,
+             onnx.helper.make_graph(pipeline_answers(config).nodes, "pipeline", [], []),
+             onnx.helper.make_graph(map_answers(config, "model_input").nodes, "map", [], [])]
+    return frozenset(node.op_type for graph in built for node in _all_nodes(graph)) | KNOWN_OPS
 
 
 def _all_nodes(graph: onnx.GraphProto):

@@ -155,22 +155,30 @@ def _normalized(g: GraphBuilder, planes: str, config: ViTConfig) -> str:
 
 
 def write_pipeline(logits_graph: Path, target: Path, config: ViTConfig) -> Path:
-    """preprocessing_graph + the logits graph at `logits_graph` + a softmax at the config's
-    temperature -> `target`."""
+    """preprocessing_graph + the logits graph at `logits_graph` + `pipeline_answers` -> `target`."""
     network = onnx.load(str(logits_graph))
     preprocessing = onnx.compose.add_prefix(preprocessing_graph(config), "preprocess/")
     network, preprocessing = _same_opset(network, preprocessing)
     merged = onnx.compose.merge_models(preprocessing, network, io_map=[(preprocessing.graph.output[0].name, GRAPH_INPUT)],
                                        outputs=[GRAPH_LOGITS], prefix2="")
-    calibrated = helper.make_node("Div", [GRAPH_LOGITS, "temperature"], ["calibrated"])  # as postprocess.softmax
-    softmax_node = helper.make_node("Softmax", ["calibrated"], ["softmax"], axis=-1)
-    squeeze = helper.make_node("Squeeze", ["softmax", "squeeze_batch"], [PIPELINE_OUTPUT])
-    merged.graph.initializer.extend([onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "squeeze_batch"),
-                                     onnx.numpy_helper.from_array(np.array(config.temperature, np.float32), "temperature")])
-    merged.graph.node.extend([calibrated, softmax_node, squeeze])
+    merged.graph.node.extend(pipeline_answers(config).nodes)
     del merged.graph.output[:]
     merged.graph.output.append(helper.make_tensor_value_info(PIPELINE_OUTPUT, FLOAT, [config.num_classes]))
     return save_with_image_input(merged, target)
+
+
+def pipeline_answers(config: ViTConfig) -> GraphBuilder:
+    """The nodes after the network in pipeline.onnx: its logits -> `probabilities`."""
+    g = GraphBuilder()
+    g.nodes.append(helper.make_node("Identity", [probabilities(g, GRAPH_LOGITS, config)], [PIPELINE_OUTPUT],
+                                    name=PIPELINE_OUTPUT))
+    return g
+
+
+def probabilities(g: GraphBuilder, logits: str, config: ViTConfig) -> str:
+    """logits [1, classes] -> probabilities [classes], softmax at the config's temperature (as
+    postprocess.softmax)."""
+    return g.Squeeze(g.Softmax(g.Div(logits, g.const(np.float32(config.temperature))), axis=-1), g.const([0]))
 
 
 def _same_opset(network: onnx.ModelProto, preprocessing: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto]:
