@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 from PIL import Image
 
 from conftest import digit_on_paper
@@ -118,6 +118,37 @@ def test_an_export_refuses_a_map_that_drifts_from_explains(monkeypatch, tmp_path
     assert not (tmp_path / "pipeline_map.onnx").exists() and (tmp_path / "pipeline.onnx").is_file()
     report = json.loads((tmp_path / "model_export_report.json").read_text())["pipeline"]["pipeline_map.onnx"]
     assert report["failures"] and report["map_max_abs_diff"] > MAP_TOLERANCE
+
+
+def with_model_input_one_level_up(graph: Path, target: Path) -> Path:
+    """A copy of `graph` whose model_input is one gray level brighter (255 stays 255)."""
+    model = onnx.load(str(graph))
+    shown = next(node for node in model.graph.node if PIPELINE_MODEL_INPUT in node.output)
+    shown.output[list(shown.output).index(PIPELINE_MODEL_INPUT)] = "model_input/exact"
+    model.graph.initializer.extend([numpy_helper.from_array(np.float32(1), "tamper/one"),
+                                    numpy_helper.from_array(np.float32(255), "tamper/white")])
+    model.graph.node.extend([
+        helper.make_node("Cast", ["model_input/exact"], ["tamper/float"], to=FLOAT),
+        helper.make_node("Add", ["tamper/float", "tamper/one"], ["tamper/up"]),
+        helper.make_node("Min", ["tamper/up", "tamper/white"], ["tamper/clipped"]),
+        helper.make_node("Cast", ["tamper/clipped"], [PIPELINE_MODEL_INPUT], to=onnx.TensorProto.UINT8)])
+    onnx.save(model, str(target))
+    return target
+
+
+def test_the_check_refuses_a_model_input_one_gray_level_off(tmp_path):
+    """model_input must be the Python path's pixels exactly: one gray level off is a failure."""
+    from vit_hub.export.map_graph import verify_map_pipeline
+
+    tampered = with_model_input_one_level_up(LAYOUT.pipeline_map, tmp_path / "pipeline_map.onnx")
+    uploads = [("image 0", Image.open(SAMPLES[0]))]
+    section = verify_map_pipeline(tampered, LAYOUT.logits, LAYOUT.attentions, DIGIT_CONFIG, uploads)
+    assert section["rows"][0]["model_input_max_abs_diff"] == 1
+    assert len(section["failures"]) == 1
+    assert "pipeline_map.onnx on image 0: expected the Python path's rollout within" in section["failures"][0]
+    assert section["failures"][0].endswith("and 1 gray levels")
+    untouched = verify_map_pipeline(LAYOUT.pipeline_map, LAYOUT.logits, LAYOUT.attentions, DIGIT_CONFIG, uploads)
+    assert untouched["failures"] == [] and untouched["rows"][0]["model_input_max_abs_diff"] == 0
 
 
 @pytest.mark.slow
