@@ -4,12 +4,14 @@
 
 writes (see `layout.py`) the logits graph, optionally the attentions graph and an int8
 graph, the `config.json` a consumer needs (preprocessing and labels) and an export report.
-Every graph is verified (`verify.py`); a failed check raises VerificationError after the
-report is written, so the numbers can be read.
+Every graph is verified (`verify.py`); a failed check installs nothing and raises
+VerificationError, its report kept beside as `model_export_report.failed.json` so the numbers
+can be read.
 
-Kill-safe: everything is written into a staging folder beside the target first and moved in
-with os.replace once complete, graphs first and the report last, so a kill leaves each file
-whole (the old one or the new one), never cut short. Every graph carries the sha256 of the
+Safe for the folder it writes to (`out_folder.py`): a file there is replaced or removed only
+where an export wrote it, else the export refuses before any work; everything is written into
+a staging folder inside it first and moved in with os.replace once complete, graphs first and
+the report last, so a kill leaves each file whole (the old one or the new one), never cut short. Every graph carries the sha256 of the
 weights it came from (`graph_check.WEIGHTS_SHA256`), so ONNX Runtime refuses a new logits
 graph beside an old attentions graph, or graphs beside weights retrained since: re-running
 the same export command after a retrain is all it takes to bring them back in step.
@@ -17,13 +19,9 @@ the same export command after a retrain is all it takes to bring them back in st
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,6 @@ from vit_hub.hub.pretrained import load_model
 from vit_hub.hub.repos import resolve_model_dir
 from vit_hub.layout import GRAPH_LOGITS, ExportLayout
 from vit_hub.model.config import ViTConfig
-from vit_hub.storage import write_text_atomically
 
 from .evalset import EvalSet, check_labels, default_eval_set, first_images, first_uploads, load_eval_set
 from .exporter import check_export_options, write_graph
@@ -49,13 +46,11 @@ from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
 from .map_graph import verify_map_pipeline, write_map_pipeline
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
+from .out_folder import check_out_folder, install, keep_failed_report, staging, write_config
 from .options import DEFAULT_EXPORTER, DEFAULT_OPSET, PRECISIONS, QUANTIZATIONS
 from .preprocess_graph import verify_preprocessing, write_preprocessing
 from .quantize import measure_int8, quantize_int8
 from .verify import PARITY_BATCHES, TOLERANCES, VerificationError, check_file, verify_graph
-
-STAGING_PREFIX = ".export-"  # the staging folder inside the output folder, while an export runs
-
 
 def _resolve_model(model: nn.Module | str | Path) -> tuple[str, nn.Module, str, Path | None]:
     """(how the report names the model, the model in eval mode, the sha256 of its weights: of
@@ -79,65 +74,11 @@ def tie_to_weights(graph: Path, sha256: str) -> None:
     onnx.save(proto, str(graph))
 
 
-@contextlib.contextmanager
-def _staging(layout: ExportLayout) -> Iterator[ExportLayout]:
-    """The same layout in a fresh folder inside the output folder (same file system, so
-    os.replace moves files in whole), removed afterwards whatever happens."""
-    folder = layout.folder / f"{STAGING_PREFIX}{os.getpid()}"  # one per running export
-    for leftover in layout.folder.glob(f"{STAGING_PREFIX}*"):  # from exports killed before they cleaned up
-        if leftover == folder or not _running(leftover.name.removeprefix(STAGING_PREFIX)):
-            shutil.rmtree(leftover, ignore_errors=True)
-    folder.mkdir()
-    try:
-        yield ExportLayout(folder, layout.stem)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _running(pid: str) -> bool:
-    """Whether a process with this id runs on this machine (the staging folder's owner)."""
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _install(staged: ExportLayout, layout: ExportLayout, config: ViTConfig) -> None:
-    """Move the staged files in, graphs first and the report last; config.json only where the
-    one there differs (a model dir keeps its own)."""
-    for graph in sorted(staged.folder.glob("*.onnx")):
-        os.replace(graph, layout.folder / graph.name)
-    write_config(config, layout.config)
-    os.replace(staged.report, layout.report)
-
-
-def write_config(config: ViTConfig, path: Path) -> None:
-    """config.json beside the graphs; an equal one already there (the model dir) is left as is."""
-    if path.is_file():
-        try:
-            if ViTConfig.from_json(path) == config:
-                return
-        except UserError:
-            pass  # not a vit_hub config: replace it
-    write_text_atomically(path, json.dumps(config.to_dict(), indent=2) + "\n")
-
-
 def _parity_inputs(config: ViTConfig, eval_set: EvalSet) -> dict[str, np.ndarray]:
     count = max(PARITY_BATCHES)
     shape = (count, config.in_channels, *config.image_size)
     return {"random": np.random.default_rng(0).normal(size=shape).astype(np.float32),
             "real": first_images(eval_set, count)}
-
-
-def _remove_stale(*paths: Path) -> None:
-    """Graphs of an earlier export that this one does not write would pair with the new model."""
-    for path in paths:
-        path.unlink(missing_ok=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +143,9 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) 
         check_labels(eval_set, model.config)  # before any work: int8 accuracy needs the model's classes
     inputs = _parity_inputs(model.config, eval_set)
 
-    with _staging(layout) as staged:
+    check_out_folder(layout, model.config, weights if model_dir is not None else None)
+
+    with staging(layout) as staged:
         write_config(model.config, staged.config)  # the classifiers that measure the graphs read it
         graphs = _write_verified_graphs(model, staged, weights, inputs, options)
         pipelines = _write_verified_pipelines(staged, weights, model.config, eval_set, options.precisions)
@@ -218,14 +161,13 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) 
         report = {**_report_header(reference, options, eval_set), "graphs": graphs, "pipeline": pipelines,
                   "preprocess": preprocessing, **measured}
         staged.report.write_text(json.dumps(report, indent=2) + "\n")
-        _remove_stale(*(path for path in (*layout.onnx_files, layout.int8)
-                        if path.suffix == ".onnx" and not (staged.folder / path.name).is_file()))
-        _install(staged, layout, model.config)
-
-    failures = [failure for section in (*graphs.values(), *pipelines.values(), preprocessing)
-                for failure in section.get("failures", [])]
-    if failures:
-        raise VerificationError(f"export verification failed: {'; '.join(failures)} (report: {layout.report})")
+        failures = [failure for section in (*graphs.values(), *pipelines.values(), preprocessing)
+                    for failure in section.get("failures", [])]
+        if failures:
+            keep_failed_report(staged, layout)
+            raise VerificationError(f"export verification failed, nothing installed: {'; '.join(failures)} "
+                                    f"(report: {layout.failed_report})")
+        install(staged, layout, model.config)
     return layout.logits
 
 

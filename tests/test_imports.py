@@ -29,15 +29,15 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "data": ("data", "data.choices", "data.colour", "data.folders", "data.sources", "data.augmentation", "data.batches",
              "data.samples"),
     "insight": ("insight", "insight.views", "insight.figures", "insight.inspect"),
-    "hub": ("", "hub", "hub.weight_checks", "hub.card", "hub.repos", "hub.push_pull", "hub.pretrained", "hub.space",
-            "hub.static_space", "hub.key_mapping", "hub.fine_tune", "hub.import_model"),
+    "hub": ("", "hub", "hub.weight_checks", "hub.card", "hub.repos", "hub.push_pull", "hub.pretrained",
+            "hub.space_folder", "hub.space", "hub.static_space", "hub.key_mapping", "hub.fine_tune", "hub.import_model"),
     "train": ("train", "train.settings", "train.distributed", "train.schedule", "train.evaluation",
               "train.step", "train.checkpoint", "train.loaders", "train.report", "train.calibration", "train.loop",
               "train.run", "train.sweep"),
     "export": (
         "export", "export.__main__", "export.options", "export.evalset", "export.exporter", "export.fused_graph",
         "export.graph_check", "export.half",
-        "export.on_demand", "export.export_model", "export.quantize", "export.runtime", "export.session",
+        "export.on_demand", "export.out_folder", "export.export_model", "export.quantize", "export.runtime", "export.session",
         "export.timing", "export.verify",
         "export.graph_builder", "export.graph_numpy", "export.canonical_graph", "export.pipeline_graph",  # pipeline.onnx
         "export.preprocess_graph", "export.batched_runtime",  # preprocess.onnx, a GPU server's batches

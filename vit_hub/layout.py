@@ -37,6 +37,7 @@ Its ONNX files (`--out models/vit-mnist/model.onnx`, or just the folder `models/
     model_attentions_fp16.onnx   the CUDA provider (with --precision fp16)
     pipeline_fp16.onnx
     model_export_report.json   verification, parity, quantization accuracy and speed
+    model_export_report.failed.json  instead, where a check failed: nothing else was installed
     config.json                preprocessing and labels (shared by every graph in the folder)
 
 Every graph carries the sha256 of the model.safetensors it was exported from; ONNX Runtime
@@ -121,6 +122,8 @@ class ExportLayout:
     def for_output(cls, out: str | Path) -> "ExportLayout":
         """`--out`: a path ending in .onnx names the logits graph; anything else is a folder."""
         out = Path(out)
+        if out.is_symlink() and not out.exists():
+            raise FileNotFoundError(f"--out: expected a folder or a path ending in .onnx, got {out}, a link to nothing")
         if out.suffix == ".onnx":
             return cls(out.parent, out.stem)
         if out.exists() and not out.is_dir():
@@ -173,6 +176,11 @@ class ExportLayout:
     @property
     def report(self) -> Path:
         return self.folder / f"{self.stem}_export_report.json"
+
+    @property
+    def failed_report(self) -> Path:
+        """A failed export's report: its graphs were not installed."""
+        return self.folder / f"{self.stem}_export_report.failed.json"
 
     @property
     def config(self) -> Path:
