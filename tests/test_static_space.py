@@ -267,3 +267,85 @@ def test_a_photo_models_page_draws_the_python_apps_map_over_the_upload(split_ima
         np.testing.assert_allclose(values, expected_map, atol=1e-3, err_msg=path.name)
         assert drawn.shape == expected_overlay.shape
     assert_same_overlay(shown[0][1], python_app_map(predictor, photos[0])[1])
+
+
+# The overlay's drawing (static_page/overlay.mjs) on crafted inputs, in Node against the app's Python ----------
+OVERLAY_MJS = ROOT / "vit_hub" / "hub" / "static_page" / "overlay.mjs"
+# Reads {sizes, shown, overlays} as JSON on stdin; prints what overlay.mjs gives for each.
+DRAW_IN_NODE = """
+import { readFileSync } from "node:fs";
+const { displaySize, forDisplay, overlay } = await import(process.argv[1]);
+const asked = JSON.parse(readFileSync(0, "utf8"));
+const shown = asked.shown.map(({ pixels, height, width, channels, gray }) => {
+  const drawn = forDisplay(Uint8Array.from(pixels), height, width, channels, gray);
+  return { rgb: Array.from(drawn.rgb), width: drawn.width, height: drawn.height };
+});
+const overlays = asked.overlays.map(({ rgb, width, height, map, gridH, gridW, colours }) =>
+  Array.from(overlay({ rgb: Float32Array.from(rgb), width, height }, Float32Array.from(map), gridH, gridW,
+                     Uint8Array.from(colours))));
+console.log(JSON.stringify({ sizes: asked.sizes.map(([width, height]) => displaySize(width, height)), shown, overlays }));
+"""
+
+
+def draw_in_node(sizes=(), shown=(), overlays=()) -> dict:
+    """overlay.mjs run by Node on the cases given: {sizes: [[w, h]], shown: [{rgb, width, height}], overlays: [[...]]}."""
+    done = subprocess.run(["node", "--input-type=module", "-e", DRAW_IN_NODE, OVERLAY_MJS.as_uri()],
+                          input=json.dumps({"sizes": list(sizes), "shown": list(shown), "overlays": list(overlays)}),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_the_overlay_has_the_apps_display_size_rounded_as_the_app_rounds():
+    """displaySize is pictures.display_size: a small image enlarged by the whole factor rounded up
+    (30 px: 10x, not 9x), a large one shrunk with sides rounded to nearest (684.7 -> 685) and a
+    half to even, as Python's round (2048x1025 -> 1024x512)."""
+    from vit_hub.demo.pictures import display_size
+
+    sizes = [(28, 28), (30, 17), (17, 30), (279, 100), (280, 5), (1024, 700), (1500, 1003), (1003, 1500),
+             (2048, 1025), (1025, 2048), (3000, 2)]
+    assert draw_in_node(sizes=sizes)["sizes"] == [list(display_size(*size)) for size in sizes]
+
+
+def python_shown(pixels: np.ndarray, gray: bool) -> np.ndarray:
+    """What the app shows of decoded pixels [h, w, channels]: in the model's mode (alpha over
+    white), at its display size -> RGB [H, W, 3]."""
+    from vit_hub.demo.pictures import for_display
+    from vit_hub.processing.preprocess import to_model_mode
+
+    image = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+    return np.asarray(for_display(to_model_mode(image, 1 if gray else 3)).convert("RGB"))
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4], ids=["gray", "gray+alpha", "rgb", "rgb+alpha"])
+@pytest.mark.parametrize("gray", [True, False], ids=["digit-model", "rgb-model"])
+def test_the_image_under_the_overlay_is_the_apps_for_every_channel_count(channels, gray):
+    """forDisplay shows decoded pixels as the app does: a gray+alpha or RGBA image over white (its
+    alpha from 0 to 255 kept, not dropped), in gray for a gray model, enlarged to its display size."""
+    rng = np.random.default_rng(channels)
+    pixels = rng.integers(0, 256, (3, 5, channels), dtype=np.uint8)
+    if channels in (2, 4):
+        pixels[..., -1] = np.array([0, 1, 100, 200, 254, 255, 30, 128, 250, 7, 255, 64, 180, 90, 3]).reshape(3, 5)
+    (drawn,) = draw_in_node(shown=[{"pixels": pixels.ravel().tolist(), "height": 3, "width": 5,
+                                    "channels": channels, "gray": gray}])["shown"]
+    expected = python_shown(pixels, gray)
+    assert (drawn["height"], drawn["width"]) == expected.shape[:2] == (168, 280)
+    np.testing.assert_array_equal(np.array(drawn["rgb"]).reshape(expected.shape), expected)
+
+
+def test_a_map_value_halfway_between_two_colours_takes_the_apps_even_one():
+    """A map value whose 255 x v is k + 0.5 is coloured as numpy's round does (to the even k), not
+    half up (k + 1): the overlay equals the app's pixel for pixel."""
+    from vit_hub.explain.rollout import DEFAULT_COLOURMAP, colour_table, overlay
+
+    k = 100
+    value = np.float32((k + 0.5) / 255)
+    assert value * np.float32(255) == k + 0.5  # a tie in float32, as both paths compute it
+    colours = colour_table(DEFAULT_COLOURMAP)
+    assert (colours[k] // 2 != colours[k + 1] // 2).any()  # the two colours differ once blended over black
+    black = Image.new("RGB", (3, 2))
+    (drawn,) = draw_in_node(overlays=[{"rgb": [0] * 18, "width": 3, "height": 2, "map": [float(value)], "gridH": 1,
+                                       "gridW": 1, "colours": colours.ravel().tolist()}])["overlays"]
+    expected = np.asarray(overlay(black, np.array([[value]])))
+    np.testing.assert_array_equal(np.array(drawn).reshape(2, 3, 3), expected)
+    np.testing.assert_array_equal(expected[0, 0], colours[k] // 2)

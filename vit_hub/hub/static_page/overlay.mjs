@@ -52,7 +52,8 @@ export function displaySize(width, height) {
   }
   if (longer > DISPLAY_MAX_SIDE) {
     const scale = DISPLAY_MAX_SIDE / longer;
-    return [Math.max(1, Math.round(width * scale)), Math.max(1, Math.round(height * scale))];
+    // Python's round, as display_size: a half to even (2048x1025 is shown at 1024x512)
+    return [Math.max(1, roundHalfEven(width * scale)), Math.max(1, roundHalfEven(height * scale))];
   }
   return [width, height];
 }
@@ -82,7 +83,7 @@ function overWhite(value, alpha) {
   return Math.floor(Math.floor((Math.floor(scaled / 256) + scaled) / 256) / 128);
 }
 
-// NumPy's round: halves to even.
+// NumPy's and Python's round: halves to even.
 function roundHalfEven(value) {
   const rounded = Math.round(value);
   return Math.abs(value % 1) === 0.5 && rounded % 2 !== 0 ? rounded - 1 : rounded;
