@@ -7,7 +7,9 @@ README.md and a space.json nested 30,000 deep are refused in one line before the
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
+import os
 import shutil
 from pathlib import Path
 
@@ -159,6 +161,59 @@ def test_a_file_written_between_the_check_and_the_swap_is_kept(hub, model_dir, t
     [backup] = backups(tmp_path)
     assert (backup / "notes.txt").read_text() == "written meanwhile"
     assert (backup / "app.py").read_text() == "edited meanwhile"
+
+
+def write_a_space(out: Path, files: dict[str, str]) -> space_module.WrittenSpace:
+    """space.write_folder of text files, as `vit-hub space` writes its folder (marker included)."""
+    return space_module.write_folder(out, {}, files, space_module.SpaceSettings("model", None))
+
+
+def test_a_replaced_folder_is_deleted_only_when_the_new_one_holds_all_of_it(tmp_path):
+    """The backup check asks whether the new Space holds the old folder, not the other way round:
+    a person's notes.txt beside a Space the new one repeats file for file keeps the old folder;
+    without it, the old folder goes."""
+    out = tmp_path / "space"
+    write_a_space(out, {"app.py": "the app"})
+    (out / "notes.txt").write_text("a person's notes")
+    written = write_a_space(out, {"app.py": "the app"})
+    assert written.backup is not None and backups(tmp_path) == [written.backup]
+    assert (written.backup / "notes.txt").read_text() == "a person's notes"
+    assert (out / "app.py").read_text() == "the app" and not (out / "notes.txt").exists()
+    shutil.rmtree(written.backup)
+    assert write_a_space(out, {"app.py": "the app"}).backup is None and backups(tmp_path) == []  # nothing of a person's
+
+
+def test_a_persons_empty_folder_keeps_the_replaced_folder(tmp_path):
+    """An empty folder a person made in the Space (drafts/) is not in the new one: the old folder
+    is kept as a backup, the empty folder in it."""
+    out = tmp_path / "space"
+    write_a_space(out, {"app.py": "the app"})
+    (out / "drafts").mkdir()
+    written = write_a_space(out, {"app.py": "the app"})
+    assert written.backup is not None and (written.backup / "drafts").is_dir()
+    assert not (out / "drafts").exists()
+
+
+def test_a_failed_swap_leaves_the_folder_it_was_replacing_in_place(tmp_path, monkeypatch):
+    """When moving the new Space to --out fails (the old one already moved aside), the old one is
+    moved back: --out holds what it held, and the error is raised."""
+    out = tmp_path / "space"
+    write_a_space(out, {"app.py": "the old app"})
+    (out / "notes.txt").write_text("a person's notes")
+    before = files_of(out)
+    rename = os.rename
+
+    def failing_rename(source, target, *args, **kwargs):
+        if Path(target) == out and ".writing-" in Path(source).name:  # the new Space into --out
+            raise OSError(errno.EBUSY, "device or resource busy", str(target))
+        return rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", failing_rename)
+    with pytest.raises(OSError, match="busy"):
+        write_a_space(out, {"app.py": "the new app"})
+    monkeypatch.undo()
+    assert files_of(out) == before
+    assert backups(tmp_path) == []
 
 
 def test_out_dot_from_inside_the_space_folder_replaces_it(hub, model_dir, tmp_path, monkeypatch):
