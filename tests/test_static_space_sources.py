@@ -5,6 +5,7 @@ a model of anything but digits, none."""
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from pathlib import Path
@@ -47,6 +48,29 @@ def test_the_download_is_checked_and_kept_once(registry):
     assert (cache / CACHED).read_bytes() == ORT_WEB.read_bytes()
     (folder / "ort.tgz").unlink()  # the registry gone: the cached copy serves
     assert sorted(onnxruntime_web()) == ["ort-wasm-simd-threaded.wasm", "ort.wasm.bundle.min.mjs"]
+
+
+def test_a_download_cut_while_it_is_written_leaves_nothing_under_the_cached_name(registry, monkeypatch):
+    """The download is written to a partial file and renamed into place: a write that fails half-way
+    (a full disk) leaves no cut tarball under the cached name, which every later Space would find
+    and be refused by; the next call downloads it again."""
+    folder, cache = registry
+    assert ORT_WEB.is_file(), f"run `make install-dev` (it fetches {ORT_WEB.name} with npm pack)"
+    (folder / "ort.tgz").symlink_to(ORT_WEB)
+
+    def disk_full(path: Path, data: bytes) -> int:
+        with open(path, "wb") as handle:
+            handle.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "write_bytes", disk_full)
+        with pytest.raises(OSError, match="No space left on device"):
+            onnxruntime_web()
+    assert not (cache / CACHED).exists()
+    assert sorted(onnxruntime_web()) == ["ort-wasm-simd-threaded.wasm", "ort.wasm.bundle.min.mjs"]
+    assert (cache / CACHED).read_bytes() == ORT_WEB.read_bytes()
+    assert [path.name for path in (cache / "vit_hub").iterdir()] == [CACHED.name]  # no partial file left
 
 
 def test_a_download_that_is_not_npms_package_is_refused_and_not_kept(registry):
