@@ -167,3 +167,48 @@ def test_the_holder_named_in_a_refusal_is_printed_escaped(tmp_path):
                 pass
     message = assert_one_line(str(refused.value), r"held by process 1\nerror: forged line\x1b[2K; wait")
     assert "\x1b" not in message
+
+
+@pytest.mark.parametrize("meanwhile", ["removed", "made anew"])
+def test_a_lock_released_just_as_this_run_opened_it_is_refused(tmp_path, monkeypatch, meanwhile):
+    """The run holding --out removes its lock file before it unlocks it; a run that opened the file
+    just before then locks a file no other run can find (removed, or replaced by a later run's):
+    it is refused in one line, its block never runs, and the folder stays."""
+    from vit_hub.train import settings
+
+    out = tmp_path / "out"
+    out.mkdir()
+    open_lock = settings._open_lock
+
+    def opened_then_released(lock: Path, folder: Path) -> int:
+        descriptor = open_lock(lock, folder)
+        lock.unlink()  # the holder finishes
+        if meanwhile == "made anew":
+            lock.write_text("process 2 (a run started after it)")
+        return descriptor
+
+    monkeypatch.setattr(settings, "_open_lock", opened_then_released)
+    ran = []
+    with pytest.raises(TrainingError) as refused:
+        with holding_out(out):
+            ran.append(True)
+    assert_one_line(str(refused.value), f"--out {out}: expected a folder no other run is writing, found one that "
+                                        f"was just released; start the run again")
+    assert not ran and out.is_dir()
+
+
+def test_an_out_the_run_did_not_make_is_kept_even_when_it_is_left_empty(tmp_path):
+    """holding_out removes only a folder it made and left empty: a person's --out stays, whether it
+    was empty already or the run emptied it (--overwrite removing what was there)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with holding_out(out):
+        pass
+    assert out.is_dir() and list(out.iterdir()) == []
+    (out / "model.safetensors").write_bytes(b"an earlier run's weights")
+    with holding_out(out):
+        (out / "model.safetensors").unlink()
+    assert out.is_dir() and list(out.iterdir()) == []
+    with holding_out(tmp_path / "new"):
+        pass
+    assert not (tmp_path / "new").exists()  # made for the lock, left empty: removed
