@@ -383,6 +383,35 @@ def test_a_label_with_control_characters_is_refused_where_the_config_is_read(mod
                                                   f"terminal escapes), found {found}")
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029"], ids=["line-separator", "paragraph-separator"])
+def test_unicodes_line_and_paragraph_separators_are_control_characters(separator):
+    """U+2028 and U+2029 end a line in many terminals and viewers as a newline does: a label
+    holding one is refused, and printed text shows it as its escape."""
+    from vit_hub.console import escaped, is_control
+    from vit_hub.model.config import ViTConfig
+    from vit_hub.model.fields import ConfigError
+
+    assert is_control(separator)
+    assert escaped(f"7{separator}forged") == f"7\\u{ord(separator):04x}forged"
+    with pytest.raises(ConfigError) as refused:
+        ViTConfig(**tiny_config(labels=[f"7{separator}/tmp/other.png: 9 1.000", "1"]))
+    assert_one_line(str(refused.value), "labels: expected names without control characters",
+                    f"'7\\u{ord(separator):04x}/tmp/other.png: 9 1.000'")
+
+
+@pytest.mark.parametrize("temperature", [0.05, 20.0])
+def test_the_temperatures_at_the_ends_of_the_fitted_range_are_accepted(model_dir, tmp_path, temperature):
+    """A fit may give either end of TEMPERATURE_RANGE (0.05, 20.0): the config takes it and the
+    model loads and predicts at it."""
+    from vit_hub.model.config import TEMPERATURE_RANGE
+
+    assert temperature in TEMPERATURE_RANGE
+    model = load_model(with_config(model_dir, tmp_path / "model", temperature=temperature))
+    assert model.config.temperature == temperature
+    code, stderr = run_vit_hub("predict", "--model", tmp_path / "model", SAMPLE)
+    assert code == 0, stderr
+
+
 @pytest.mark.parametrize("labels", [["7", "7 "], ["caf\u00e9", "cafe\u0301"], ["\ufb01sh", "fish"]],
                          ids=["trailing-space", "nfc", "nfkc"])
 def test_labels_that_read_alike_are_refused(model_dir, tmp_path, labels):
