@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Union
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from vit_hub.errors import UserError
 from vit_hub.model.config import ViTConfig, size_text
@@ -43,9 +43,10 @@ ORIENTATION_TAG = 0x0112  # EXIF
 JPEG_SCALES = (1, 2, 4, 8)  # the reductions a JPEG decoder makes directly (1, 1/2, 1/4, 1/8 a side)
 
 
-def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_PIXELS,
+def open_image(source: str | Path | bytes, name: str | None = None, max_pixels: int = MAX_PIXELS,
                min_side: int | None = None) -> Image.Image:
-    """Open and decode an image file; one clear error if it is not a readable image.
+    """Open and decode an image file (a path, or the file's bytes as a server receives them);
+    one clear error if it is not a readable image.
 
     The size is read from the file's header and checked against `max_pixels` before
     anything is decoded, so a huge image (or a decompression bomb) is refused without
@@ -55,23 +56,46 @@ def open_image(path: str | Path, name: str | None = None, max_pixels: int = MAX_
     resample the image to the model's size anyway) a JPEG is decoded at the smallest of those
     scales whose shorter side keeps `min_side` pixels, in a fraction of the time (BENCHMARKS.md,
     "The input pipeline and start-up"). `name` is how messages call the file (default: its
-    path); the app passes the client's own file name so that no server path reaches a user.
+    path, or "the upload" for bytes); the app passes the client's own file name so that no
+    server path reaches a user. A malformed file, whatever Pillow raises for it, is a UserError.
     """
-    path = Path(path)
-    shown = str(path) if name is None else name
-    if not path.is_file():
-        found = "a folder" if path.is_dir() else "nothing"
-        raise FileNotFoundError(f"expected an image file at {shown}, found {found}")
-    with _opened(path, shown, max_pixels) as image:
+    if isinstance(source, bytes):
+        shown, opened = name or "the upload", io.BytesIO(source)
+    else:
+        opened = Path(source)
+        shown = str(opened) if name is None else name
+        if not opened.is_file():
+            found = "a folder" if opened.is_dir() else "nothing"
+            raise FileNotFoundError(f"expected an image file at {shown}, found {found}")
+    with _opened(opened, shown, max_pixels) as image:
         _decode_jpeg_reduced(image, max_pixels, min_side)
         check_pixels(*image.size, shown, max_pixels)
         try:
             image.load()
-        except (OSError, SyntaxError, ValueError) as error:  # truncated or corrupt data
-            detail = str(error).replace(str(path), shown)
+        except Exception as error:  # noqa: BLE001 - truncated or corrupt data: see UNDECODABLE
+            detail = _detail(error, str(opened) if isinstance(opened, Path) else None, shown)
             raise UserError(f"{shown} is not a readable image: expected complete image data, "
-                             f"found data that does not decode ({detail})") from None
+                            f"found data that does not decode ({detail})") from None
         return image
+
+
+# Pillow's format plugins parse a file's header and metadata in Python, and a malformed field
+# fails with whatever it breaks: ValueError (an oversized iCCP or zTXt chunk in a PNG, a PPM
+# size that is not a number), IndexError (a QOI stream), NotImplementedError (a DDS pixel
+# format), struct.error, EOFError, SyntaxError. Each means the same to a caller, a file that
+# does not decode, so `open_image` catches Exception around Pillow's calls alone; nothing of
+# ours runs inside those try blocks.
+UNDECODABLE = Exception
+
+
+def _detail(error: BaseException, path: str | None, shown: str) -> str:
+    """A decoding error as a message quotes it: its first line, at most 200 characters, no
+    server path and no control characters (the text can echo bytes of the file); else its type."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if path:
+        text = text.replace(path, shown)
+    text = "".join(char if char.isprintable() else "?" for char in text)[:200]
+    return text or type(error).__name__
 
 
 def _decode_jpeg_reduced(image: Image.Image, max_pixels: int, min_side: int | None) -> None:
@@ -113,6 +137,9 @@ def _opened(path: Path | BinaryIO, shown: str, max_pixels: int = MAX_PIXELS) -> 
     except OSError as error:
         raise UserError(f"{shown} is not a readable image: expected a file that can be opened, found one "
                          f"that cannot ({error.strerror or type(error).__name__})") from None
+    except UNDECODABLE as error:  # a malformed header or metadata chunk
+        raise UserError(f"{shown} is not a readable image: expected a well-formed header, found a malformed "
+                        f"one ({type(error).__name__}: {_detail(error, str(path), shown)})") from None
 
 
 def check_pixels(width: int, height: int, shown: str = "the image", max_pixels: int = MAX_PIXELS) -> None:
@@ -153,13 +180,30 @@ def load_image(source: ImageInput) -> Image.Image:
         image = _from_array(source)
     else:
         raise TypeError(f"expected an image path, PIL image or NumPy array, got {type(source).__name__}")
-    if image.getexif().get(ORIENTATION_TAG, 1) != 1:  # a photo stored rotated: use it upright
-        image = ImageOps.exif_transpose(image)
+    image = upright(image)
     width, height = image.size
     if width < 2 or height < 2:
         raise UserError(f"expected an image at least 2x2 pixels, got {size_text((width, height))}")
     check_pixels(width, height)
     return image
+
+
+# EXIF orientation -> the transpose that shows the photo upright (ImageOps.exif_transpose's table).
+UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+           5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+           8: Image.Transpose.ROTATE_90}
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """A photo stored rotated (its EXIF or XMP orientation), turned upright. Metadata that does
+    not parse (a malformed EXIF block: Pillow raises SyntaxError, struct.error, ...) is read as
+    no orientation: the pixels decoded, so the image is used as stored."""
+    try:
+        orientation = image.getexif().get(ORIENTATION_TAG, 1)
+    except UNDECODABLE:
+        return image
+    method = UPRIGHT.get(orientation) if isinstance(orientation, int) else None
+    return image if method is None else image.transpose(method)
 
 
 def to_model_mode(image: Image.Image, channels: int) -> Image.Image:
