@@ -705,6 +705,30 @@ def test_vit_hub_export_is_the_same_export_with_the_same_exit_codes(tiny, tmp_pa
         assert capsys.readouterr().err == "error: logits differ by 1 > 1e-05\n"
 
 
+@pytest.mark.parametrize("command", EXPORT_COMMANDS)
+def test_every_export_flag_reaches_the_export_as_given(tmp_path, monkeypatch, command):
+    """Both export commands hand each flag to export_onnx as given: --exporter dynamo exports with
+    dynamo, not the default, and so on for every other flag."""
+    from vit_hub.export import __main__ as export_main
+    from vit_hub.export import export_model
+
+    given = {}
+
+    def recording(model, out, **options):
+        given.update(model=model, out=out, **options)
+        raise UserError("recorded, not exported")
+
+    monkeypatch.setattr(export_model, "export_onnx", recording)
+    monkeypatch.setattr(export_main, "export_onnx", recording, raising=False)  # where it is imported at the top
+    out = str(tmp_path / "out")
+    argv = ["--model", str(BUNDLED_MODEL), "--out", out, "--opset", "19", "--output-attentions", "--exporter",
+            "dynamo", "--quantize", "int8", "--calib-data", "DATA", "--data-root", "ROOT", "--eval-limit", "5",
+            "--precision", "fp16"]
+    assert EXPORT_COMMANDS[command](argv) == 2
+    assert given == dict(model=str(BUNDLED_MODEL), out=out, opset=19, output_attentions=True, exporter="dynamo",
+                         quantize="int8", calib_data="DATA", data_root="ROOT", eval_limit=5, precision="fp16")
+
+
 def test_a_photo_model_is_checked_on_its_own_samples_not_on_digits(tiny, tmp_path):
     """No --calib-data: an RGB model of photos is checked on the samples/ its model dir keeps;
     with none, the MNIST digits it is still checked on are said not to be its kind of image,
