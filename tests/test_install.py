@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,18 @@ def run_installed_code(installed: Path, cwd: Path, code: str, *args: str) -> sub
     env = {**os.environ, "PYTHONPATH": str(installed), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-c", ONLY_THE_INSTALL + code, str(installed), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def test_every_file_beside_the_packages_code_is_package_data():
+    """Each file under vit_hub/ that is not Python source (the static Space's page, the bundled
+    MNIST, the sample digits) matches a package-data pattern of pyproject.toml, so an install has it."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vit_hub"]
+    package = ROOT / "vit_hub"
+    packaged = {path for pattern in patterns for path in package.glob(pattern) if path.is_file()}
+    data = {path for path in package.rglob("*")
+            if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts}
+    assert {path.name for path in (package / "hub" / "static_page").iterdir()} >= {"index.html", "page.js", "overlay.mjs"}
+    assert sorted(path.relative_to(package).as_posix() for path in data - packaged) == []
 
 
 @pytest.mark.slow
