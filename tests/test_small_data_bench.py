@@ -81,8 +81,10 @@ def test_a_candidate_change_reaches_the_vit_row_alone_and_a_size_reaches_both(tm
     assert resnet[resnet.index("--image-size") + 1] == "128" and "--pos-embedding" not in resnet
 
 
-@pytest.mark.parametrize("size", ["100", "4"])
+@pytest.mark.parametrize("size", ["100", "4", "0", "-8"])
 def test_an_input_size_off_the_token_grid_is_refused_in_one_line(size, capsys):
+    """--image-size must be a positive multiple of 8: 0 (which would fall back to the defaults'
+    size unsaid) and -8, multiples of 8 both, are refused as 100 and 4 are."""
     with pytest.raises(SystemExit):
         small_data.parse_args(["--image-size", size])
     assert f"--image-size: expected a multiple of 8 of at least 8, got {size}" in capsys.readouterr().err
