@@ -51,7 +51,8 @@ def test_every_file_beside_the_packages_code_is_package_data():
     packaged = {path for pattern in patterns for path in package.glob(pattern) if path.is_file()}
     data = {path for path in package.rglob("*")
             if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts}
-    assert {path.name for path in (package / "hub" / "static_page").iterdir()} >= {"index.html", "page.js", "overlay.mjs"}
+    page = {path.name for path in (package / "hub" / "static_page").iterdir()}
+    assert page >= {"index.html", "page.js", "overlay.mjs"}
     assert sorted(path.relative_to(package).as_posix() for path in data - packaged) == []
 
 

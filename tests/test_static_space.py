@@ -283,12 +283,14 @@ const shown = asked.shown.map(({ pixels, height, width, channels, gray }) => {
 const overlays = asked.overlays.map(({ rgb, width, height, map, gridH, gridW, colours }) =>
   Array.from(overlay({ rgb: Float32Array.from(rgb), width, height }, Float32Array.from(map), gridH, gridW,
                      Uint8Array.from(colours))));
-console.log(JSON.stringify({ sizes: asked.sizes.map(([width, height]) => displaySize(width, height)), shown, overlays }));
+const sizes = asked.sizes.map(([width, height]) => displaySize(width, height));
+console.log(JSON.stringify({ sizes, shown, overlays }));
 """
 
 
 def draw_in_node(sizes=(), shown=(), overlays=()) -> dict:
-    """overlay.mjs run by Node on the cases given: {sizes: [[w, h]], shown: [{rgb, width, height}], overlays: [[...]]}."""
+    """overlay.mjs run by Node on the cases given -> {sizes: [[w, h]], shown: [{rgb, width, height}],
+    overlays: [[r, g, b, ...]]}."""
     done = subprocess.run(["node", "--input-type=module", "-e", DRAW_IN_NODE, OVERLAY_MJS.as_uri()],
                           input=json.dumps({"sizes": list(sizes), "shown": list(shown), "overlays": list(overlays)}),
                           capture_output=True, text=True, timeout=120)
