@@ -16,8 +16,10 @@ from typing import Any
 
 from PIL import Image
 
+from vit_hub.errors import UserError
 from vit_hub.layout import ModelDir
 from vit_hub.model.config import DIGIT_LABELS, ViTConfig
+from vit_hub.processing.preprocess import load_image, open_image, to_model_domain
 
 # One MNIST test digit per class, laid out like a model dir's samples/ folder.
 BUNDLED_DIGITS = Path(__file__).resolve().parents[1] / "bundled" / ModelDir.samples
@@ -65,6 +67,20 @@ def _pixels(path: Path) -> int:
                 return image.width * image.height
         except (OSError, ValueError, Image.DecompressionBombError):
             return MAX_SAMPLE_PIXELS + 1
+
+
+def check_samples(samples: list[Path], config: ViTConfig, flag: str) -> None:
+    """A one-line UserError, naming the sample, for the first of `samples` a page would offer
+    and the model then refuse: one that passes the header check but does not decode in full (a
+    cut PNG), or, for a digit model, one with no digit in it (a blank image)."""
+    for path in samples:
+        shown = f"{path.parent.name}/{path.name}"
+        try:
+            to_model_domain(load_image(open_image(path, shown, MAX_SAMPLE_PIXELS)), config)
+        except UserError as error:
+            reason = str(error) if str(error).startswith(shown) else f"{shown}: {error}"
+            raise UserError(f"{flag}: a sample image the page would offer is refused by the model: {reason}; "
+                            f"remove or replace {path}") from None
 
 
 def example_images(model_dir: str | Path | None, config: ViTConfig) -> list[Path]:

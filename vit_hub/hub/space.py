@@ -24,35 +24,29 @@ vit_hub.export (imports point app -> export -> vit_hub); it finds its files.
 from __future__ import annotations
 
 import dataclasses
-import filecmp
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
 import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from huggingface_hub import HfApi, RepoCard
 
-from vit_hub.data.samples import BUNDLED_DIGITS, kept_samples
+from vit_hub.data.samples import BUNDLED_DIGITS, check_samples, kept_samples
 from vit_hub.errors import UserError
 from vit_hub.hub.card import HUB_TAGS
 from vit_hub.hub.repos import (DEFAULT_BRANCH, _push_token, _refuse_links_out, check_config,
                                check_model_dir, check_repo_id, fetch_file, has_file, hub_endpoint, hub_errors)
+from vit_hub.hub.space_folder import (MARKER_FILE, MAX_MARKER_BYTES, check_name, finish_leftovers, held_staging,
+                                      intent_marker, sha256, swap_in)
 from vit_hub.layout import PUBLISHED_FILES, ExportLayout, ModelDir
 from vit_hub.model.config import ViTConfig
 from vit_hub.storage import read_card
 
 SETTINGS_FILE = "space.json"  # in the Space folder: the model app.py serves and how
-# In the Space folder: the sha256 of each file written, so a later `vit-hub space` replaces only a
-# folder it wrote and nobody changed since (never one that merely holds a space.json).
-MARKER_FILE = ".vit-hub-space"
-MAX_MARKER_BYTES = 2**20
 # The check the Space's app runs on a graph before a session opens it (vit_hub.export's
 # check_graph), given by the caller: this module never imports vit_hub.export.
 GraphCheck = Callable[[Path, ViTConfig], None]
@@ -128,63 +122,30 @@ def write_folder(out: Path, copies: dict[str, Path], contents: dict[str, str | b
     """Write a Space folder: `copies` ({path inside: file to copy}), `contents` ({path inside:
     text or bytes}) and MARKER_FILE listing them, all beside `out`, then swapped in (a failure
     leaves `out` as it was; a folder replaced is kept as a backup unless the new one holds all
-    of it, `_swap_in`) -> what was written, the paths sorted."""
+    of it, `space_folder.swap_in`) -> what was written, the paths sorted. What a killed run of
+    the same `out` left beside it is finished first (`space_folder.finish_leftovers`)."""
     out = Path(os.path.abspath(out))  # `--out .`: the folder is moved by its name, never as "."
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
-    try:
+    finish_leftovers(out)
+    files = sorted([*copies, *contents])
+    with held_staging(out) as staging:
+        final_marker = f"{MARKER_FILE}.final"
+        (staging / MARKER_FILE).write_text(intent_marker([*files, final_marker]), encoding="utf-8")
         for name, source in copies.items():
             _copy(source, staging / name)
         for name, content in contents.items():
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
-        files = sorted([*copies, *contents])
-        (staging / MARKER_FILE).write_text(_manifest(staging, files), encoding="utf-8")
-        backup = _swap_in(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        (staging / final_marker).write_text(_manifest(staging, files), encoding="utf-8")
+        os.replace(staging / final_marker, staging / MARKER_FILE)
+        backup = swap_in(staging, out)
     return WrittenSpace(out, settings, files, backup)
-
-
-def _swap_in(new: Path, out: Path) -> Path | None:
-    """Move the folder `new` to `out`, a sibling. A folder already at `out` is first renamed to a
-    dated backup beside it, and deleted only when the new folder holds every file of it with the
-    same bytes: a file a person added or edited is never lost, even one written between the
-    check of `out` and this swap, or behind a MARKER_FILE a person re-hashed -> the backup
-    kept, or None."""
-    if not out.exists():
-        os.rename(new, out)
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    backup = Path(tempfile.mkdtemp(prefix=f"{out.name}.replaced-{stamp}-", dir=out.parent))
-    os.rename(out, backup)  # onto the empty folder just made
-    try:
-        os.rename(new, out)
-    except OSError:
-        os.rename(backup, out)
-        raise
-    if _holds_all_of(out, backup):
-        shutil.rmtree(backup)
-        return None
-    return backup
-
-
-def _holds_all_of(folder: Path, old: Path) -> bool:
-    """Every file and folder of `old` is in `folder` too, each file a regular one with the same bytes."""
-    for path in old.rglob("*"):
-        twin = folder / path.relative_to(old)
-        if path.is_dir() and not path.is_symlink():
-            if not twin.is_dir() or twin.is_symlink():
-                return False
-        elif path.is_symlink() or twin.is_symlink() or not path.is_file() or not twin.is_file() \
-                or not filecmp.cmp(path, twin, shallow=False):
-            return False
-    return True
 
 
 def _check_out(out: Path, model_dir: Path | None) -> None:
     """`out` must be new, empty, or a Space folder written here before and unchanged since (it
     is replaced); never a link, and never a folder that holds the model."""
+    check_name(out)
     if out.is_symlink():
         raise UserError(f"--out: expected a folder, got {out}, a link (give the folder it points to)")
     if out.exists() and not out.is_dir():
@@ -199,7 +160,7 @@ def _check_out(out: Path, model_dir: Path | None) -> None:
 
 def _manifest(folder: Path, files: list[str]) -> str:
     """MARKER_FILE's text: `sha256  path` a line for each file written, sorted."""
-    return "".join(f"{_sha256(folder / name)}  {name}\n" for name in sorted(files))
+    return "".join(f"{sha256(folder / name)}  {name}\n" for name in sorted(files))
 
 
 def _not_written_here(folder: Path) -> str | None:
@@ -218,20 +179,16 @@ def _not_written_here(folder: Path) -> str | None:
     if others:
         return f"{others[0]!r}{f' and {len(others) - 1} more' if len(others) > 1 else ''} added or removed since"
     for name, path in found.items():
-        if path.is_symlink() or not path.is_file() or _sha256(path) != listed[name]:
+        if path.is_symlink() or not path.is_file() or sha256(path) != listed[name]:
             return f"{name!r} changed since it was written"
     return None
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _files_to_bundle(model_dir: Path, check_graph: GraphCheck | None) -> list[Path]:
     """The model files the Space's app reads: config, weights (the "Inside the model" tab), both
     ONNX graphs (classifying, occlusion) and the faithfulness figures when there are some; none
-    a link out of the folder, and the graphs passed through `check_graph`."""
+    a link out of the folder, the samples ones the model answers (`check_samples`), and the
+    graphs passed through `check_graph`."""
     layout = ExportLayout.for_model(model_dir)
     names = [name for name in (*PUBLISHED_FILES, *APP_EXTRA_FILES) if name != ModelDir.card]  # the Space has its own
     names += [layout.logits.name, layout.attentions.name]
@@ -242,7 +199,9 @@ def _files_to_bundle(model_dir: Path, check_graph: GraphCheck | None) -> list[Pa
             raise FileNotFoundError(f"space: expected {graph.name} in {model_dir}, found none; the Space runs the "
                                     f"ONNX backend, export it first: python -m vit_hub.export --model {model_dir} "
                                     f"--out {model_dir} --output-attentions")
-    paths = [model_dir / name for name in names if (model_dir / name).is_file()] + kept_samples(model_dir)
+    samples = kept_samples(model_dir)
+    check_samples(samples, ViTConfig.from_json(ModelDir(model_dir).config), flag="space")
+    paths = [model_dir / name for name in names if (model_dir / name).is_file()] + samples
     size = sum(path.stat().st_size for path in paths)
     if size > MAX_BUNDLE_BYTES:
         raise UserError(f"space: {model_dir} is {size / 2**20:.0f} MB, over the {MAX_BUNDLE_BYTES // 2**20} MB "

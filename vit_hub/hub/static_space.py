@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from vit_hub.data.samples import BUNDLED_DIGITS, is_digit_model, kept_samples
+from vit_hub.data.samples import BUNDLED_DIGITS, check_samples, is_digit_model, kept_samples
 from vit_hub.errors import UserError
 from vit_hub.hub.repos import _refuse_links_out, check_model_dir, check_repo_id
 from vit_hub.hub.space import MAX_BUNDLE_BYTES, SpaceSettings, WrittenSpace, _check_out, _licence, _yaml, write_folder
@@ -82,7 +82,7 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
 
 def _model_files(model_dir: Path) -> tuple[Path, list[Path]]:
     """(pipeline_map.onnx, or pipeline.onnx where there is none; the sample images) of a model
-    folder, none a link out of it."""
+    folder, none a link out of it, every sample one the model answers (`check_samples`)."""
     layout = ExportLayout.for_model(model_dir)
     graph = layout.pipeline_map if os.path.lexists(layout.pipeline_map) else layout.pipeline
     _refuse_links_out(model_dir, [ModelDir.config, graph.name], flag="space MODEL")
@@ -96,6 +96,7 @@ def _model_files(model_dir: Path) -> tuple[Path, list[Path]]:
                         f"a page's download, got {size / 2**20:.0f} MB in {model_dir}")
     config = ViTConfig.from_json(ModelDir(model_dir).config)
     samples = kept_samples(model_dir) or (sorted(BUNDLED_DIGITS.glob("*.png")) if is_digit_model(config) else [])
+    check_samples(samples, config, flag="space --static")  # before the graph runs on the first
     return graph, samples
 
 
