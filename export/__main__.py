@@ -1,6 +1,7 @@
 """`python -m vit_hub.export --model DIR|REPO_ID --out PATH [--opset N] [--output-attentions]
 [--precision fp16] [--quantize int8] [--calib-data D]`: export, verify, report. Thin: parse, call, print.
-`vit-hub export` takes the same flags (`options.py`) and runs `export_and_report`."""
+`vit-hub export` takes the same flags (`options.py`) and runs `run_export`. The flags are parsed
+and checked before torch and onnxruntime load, so `--help` and a refused flag answer at once."""
 
 from __future__ import annotations
 
@@ -11,13 +12,11 @@ import sys
 from vit_hub.console import OneLineErrorParser, run_reporting_errors
 from vit_hub.layout import ExportLayout
 
-from .export_model import export_onnx
-from .options import DESCRIPTION, add_export_flags
-from .verify import VerificationError
+from .options import DESCRIPTION, FILES_WRITTEN, add_export_flags, check_export_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(prog="python -m vit_hub.export", description=DESCRIPTION)
+    parser = OneLineErrorParser(prog="python -m vit_hub.export", description=f"{DESCRIPTION}\n\n{FILES_WRITTEN}")
     add_export_flags(parser)
     return parser
 
@@ -56,11 +55,23 @@ def summary(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_export(build_parser().parse_args(argv))
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Check the flags, then export: the exit code (0; 1 for a graph that failed verification,
+    2 for a user error, each printed as one line)."""
+    refused = run_reporting_errors(lambda: check_export_flags(args))
+    if refused:
+        return refused
+    from .verify import VerificationError  # torch loads here
+
     return run_reporting_errors(lambda: export_and_report(args), failed_checks=(VerificationError,))
 
 
 def export_and_report(args: argparse.Namespace) -> None:
+    from .export_model import export_onnx
+
     path = export_onnx(args.model, args.out, opset=args.opset, output_attentions=args.output_attentions,
                        exporter=args.exporter, quantize=args.quantize, calib_data=args.calib_data,
                        data_root=args.data_root, eval_limit=args.eval_limit, precision=args.precision)

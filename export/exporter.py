@@ -27,10 +27,7 @@ from vit_hub.layout import GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS
 
 from .fused_graph import fused_copy
 from .graph_check import MAX_GRAPH_BYTES, ORT_DOMAIN
-from .options import DEFAULT_EXPORTER, DEFAULT_OPSET, EXPORTERS
-
-# Opsets each exporter can write in torch 2.14 (LayerNormalization needs 17, onnxscript 18).
-OPSETS = {"torchscript": range(17, 21), "dynamo": range(18, 24)}
+from .options import DEFAULT_EXPORTER, DEFAULT_OPSET, OPSETS, check_export_options  # OPSETS: pipeline_check's
 
 
 class GraphOutputs(nn.Module):
@@ -45,16 +42,6 @@ class GraphOutputs(nn.Module):
     def forward(self, pixel_values: torch.Tensor):
         logits, attentions = self.model(pixel_values, output_attentions=self.output_attentions)
         return (logits, torch.stack(attentions)) if self.output_attentions else logits
-
-
-def check_export_options(exporter: str, opset: int) -> None:
-    if exporter not in EXPORTERS:
-        raise UserError(f"--exporter: expected one of {', '.join(EXPORTERS)}, got {exporter!r}")
-    supported = OPSETS[exporter]
-    if opset not in supported:
-        raise UserError(
-            f"--opset: the {exporter} exporter writes opsets {supported.start}-{supported.stop - 1}, got {opset}"
-        )
 
 
 def _check_size(model: nn.Module) -> None:

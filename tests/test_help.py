@@ -20,6 +20,7 @@ from vit_hub.console import default_text
 from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.demo import server
 from vit_hub.export.__main__ import build_parser as export_parser
+from vit_hub.layout import ModelDir
 from vit_hub.model.config import PRESETS, ViTConfig
 from vit_hub.train.settings import MODEL_FIELDS, TRAINING_FIELDS, TrainSettings
 
@@ -115,6 +116,50 @@ def test_help_loads_no_torch():
     assert done.returncode == 0, done.stderr
 
 
+HEAVY = ("torch", "gradio", "onnxruntime")
+# How each entry point is started: `vit-hub` (its console script calls cli.main), `python -m
+# vit_hub.export`, `python app.py`.
+ENTRY_POINTS = {"vit-hub": "from vit_hub.cli import main\nsys.exit(main(sys.argv[1:]))",
+                "python -m vit_hub.export": "runpy.run_module('vit_hub.export', run_name='__main__', alter_sys=True)",
+                "python app.py": "runpy.run_path('app.py', run_name='__main__')"}
+# (entry point, argv, exit code, a word its answer holds); TAKEN: a port another program listens on.
+ANSWERS_AT_ONCE = [
+    ("vit-hub", ["train", "--help"], 0, "--lr"),
+    ("vit-hub", ["train", "--data", "mnist", "--out", "OUT", "--lr", "inf"], 2, "--lr"),
+    ("vit-hub", ["export", "--model", "MODEL", "--out", "OUT", "--opset", "5"], 2, "--opset"),
+    ("python -m vit_hub.export", ["--help"], 0, "--output-attentions"),
+    ("python -m vit_hub.export", ["--model", "MODEL", "--out", "OUT", "--eval-limit", "0"], 2, "--eval-limit"),
+    ("python app.py", ["--help"], 0, "--backend"),
+    ("python app.py", ["--port", "0"], 2, "--port"),
+    ("python app.py", ["--port", "TAKEN"], 1, "--port"),  # the address is checked before the model loads
+]
+
+
+@pytest.mark.parametrize("entry, argv, code, word", ANSWERS_AT_ONCE,
+                         ids=[f"{entry} {' '.join(argv)}" for entry, argv, _, _ in ANSWERS_AT_ONCE])
+def test_help_and_refused_flags_load_no_torch_gradio_or_onnxruntime(entry, argv, code, word, tmp_path):
+    """`--help` and a refused flag answer before torch, gradio or onnxruntime load (seconds each
+    on a busy machine): each entry point parses and checks its flags without importing them."""
+    places = {"MODEL": str(REPO / "models" / "vit-mnist"), "OUT": str(tmp_path / "out")}
+    argv = [places.get(arg, arg) for arg in argv]
+    script = (
+        "import runpy, socket, sys\n"
+        "taken = socket.create_server(('127.0.0.1', 0))\n"
+        f"sys.argv = ['prog'] + [str(taken.getsockname()[1]) if arg == 'TAKEN' else arg for arg in {argv!r}]\n"
+        "try:\n" + "".join(f"    {line}\n" for line in ENTRY_POINTS[entry].splitlines()) +
+        "except SystemExit as exit_:\n"
+        "    if not isinstance(exit_.code, (int, type(None))):  # a message: printed, exit code 1\n"
+        "        print(exit_.code, file=sys.stderr)\n"
+        "    code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)\n"
+        f"print(code, [name for name in {HEAVY!r} if name in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"{code} []", (done.stdout[-300:], done.stderr[-300:])
+    assert word in done.stdout + done.stderr and "Traceback" not in done.stderr, (done.stdout[-300:], done.stderr)
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_top_level_help_shows_an_example_of_each_step():
     text = cli.build_parser().format_help()
     examples = [line for line in text.partition("examples:")[2].splitlines() if line.strip().startswith("vit-hub ")]
@@ -124,6 +169,25 @@ def test_the_top_level_help_shows_an_example_of_each_step():
 def test_the_top_level_help_names_both_kinds_of_space():
     text = " ".join(cli.build_parser().format_help().split())
     assert "space write and upload a Hugging Face Space" in text and "with --static a page that runs" in text
+
+
+def test_a_static_space_says_which_graph_it_bundles():
+    parser = parsers()["vit-hub space"]
+    (action,) = [action for action in parser._actions if "--static" in action.option_strings]
+    text = " ".join(shown_help(parser, action).split())
+    assert "pipeline_map.onnx (the app's rollout map drawn over the image)" in text and "else pipeline.onnx" in text
+
+
+@pytest.mark.parametrize("prog", ["vit-hub export", "python -m vit_hub.export", "vit-hub push"])
+def test_the_export_and_push_name_every_file_an_export_ships(prog):
+    """export --help says what an export writes and push --help what --with-onnx uploads: each of
+    vit_hub.layout's ONNX files by its name (push never uploads the int8 graph: it says so)."""
+    layout = ModelDir(Path()).export
+    text = " ".join(parsers()[prog].format_help().split())
+    named = [path.name for path in (*layout.onnx_files, layout.int8) if path.name not in text]
+    assert named == [], text
+    if prog == "vit-hub push":
+        assert f"(never {layout.int8.name})" in text
 
 
 @pytest.mark.parametrize("prog", ["vit-hub train", "vit-hub sweep", "vit-hub eval", "vit-hub inspect"])

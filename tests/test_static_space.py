@@ -57,6 +57,7 @@ def test_the_folder_is_a_static_space_with_the_graph_and_onnxruntime_web(static_
                                                    for name in described["samples"])
     assert described["graph"] == "pipeline_map.onnx"
     assert (static_space / "model" / "pipeline_map.onnx").read_bytes() == (MODEL_DIR / "pipeline_map.onnx").read_bytes()
+    assert "`model/pipeline_map.onnx` takes an image's pixels" in (static_space / "README.md").read_text()
     assert sorted(path.name for path in (static_space / "ort").iterdir()) == ["ort-wasm-simd-threaded.wasm",
                                                                              "ort.wasm.bundle.min.mjs"]
 
@@ -92,6 +93,7 @@ def test_a_model_exported_without_the_map_graph_gets_a_page_of_probabilities(tmp
     written = write_static_space(model, tmp_path / "space", "me/digits", ORT_WEB)
     assert json.loads((written.folder / "model" / "model.json").read_text())["graph"] == "pipeline.onnx"
     assert (written.folder / "model" / "pipeline.onnx").is_file()
+    assert "`model/pipeline.onnx` takes an image's pixels" in (written.folder / "README.md").read_text()
 
 
 def test_a_graph_too_large_for_a_page_is_refused_before_it_is_read(tmp_path):
@@ -111,6 +113,7 @@ def test_the_cli_writes_it_and_says_what_it_wrote(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"wrote the static Space to {tmp_path / 'space'}: 18 files" in done.stdout
+    assert f"running {MODEL_DIR}'s pipeline_map.onnx in the browser" in done.stdout  # the graph it bundled
     assert (tmp_path / "space" / "index.html").is_file()
 
 

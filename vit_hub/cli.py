@@ -159,10 +159,10 @@ def _add_import(commands) -> None:
 
 
 def _add_export(commands) -> None:
-    from vit_hub.export.options import DESCRIPTION, add_export_flags  # light: the export itself loads when run
+    from vit_hub.export.options import DESCRIPTION, FILES_WRITTEN, add_export_flags  # light: the export loads when run
 
     export = commands.add_parser("export", help="ONNX graphs of a model, verified against torch, with a report",
-                                 description=DESCRIPTION + " The same as `python -m vit_hub.export`.")
+                                 description=f"{DESCRIPTION} The same as `python -m vit_hub.export`.\n\n{FILES_WRITTEN}")
     add_export_flags(export)
 
 
@@ -183,8 +183,9 @@ def _add_space(commands) -> None:
     space.add_argument("--dry-run", action="store_true", help="write the folder only, upload nothing")
     space.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`)")
     space.add_argument("--static", action="store_true",
-                       help="a static Space instead: the model runs in the visitor's browser (pipeline.onnx with "
-                            "ONNX Runtime Web), no server, no maps (default: off)")
+                       help="a static Space instead: the model runs in the visitor's browser with ONNX Runtime Web, "
+                            "no server; it bundles pipeline_map.onnx (the app's rollout map drawn over the image) "
+                            "where the export wrote one, else pipeline.onnx (labels alone) (default: off)")
     space.add_argument("--onnxruntime-web", metavar="TGZ", help="with --static: the tarball of `npm pack "
                        "onnxruntime-web@VERSION` to vendor (default: downloaded from npm's registry once, checked)")
     space.add_argument("--demo-url", metavar="URL", help="with --static: the Gradio demo the page links to for maps "
@@ -219,8 +220,7 @@ def _settings(args: argparse.Namespace):
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from vit_hub.train.run import train
-    from vit_hub.train.settings import TrainSettings
+    from vit_hub.train.settings import TrainSettings, check_settings
 
     if args.resume:  # the checkpoint's own settings are replayed; flags given again must match them
         settings = TrainSettings(data="", out=args.out)
@@ -229,6 +229,9 @@ def run_train(args: argparse.Namespace) -> None:
         raise UserError("train: expected --data (an image folder, 'mnist' or a torchvision name), got none")
     else:
         settings, flags = _settings(args), None
+        check_settings(settings)  # a flag that cannot train is refused before torch loads
+    from vit_hub.train.run import train
+
     train(settings, resume=args.resume, stop_after_epochs=args.stop_after_epochs, overwrite=args.overwrite,
           resume_flags=flags)
 
@@ -310,12 +313,6 @@ def run_inspect(args: argparse.Namespace) -> None:
     print(f"wrote {', '.join(path.name for path in written)} to {Path(args.out)}")
 
 
-def run_export(args: argparse.Namespace) -> None:
-    from vit_hub.export.__main__ import export_and_report
-
-    export_and_report(args)
-
-
 def run_space(args: argparse.Namespace) -> None:
     from vit_hub.hub.space import push_space, space_url, write_space
 
@@ -327,8 +324,9 @@ def run_space(args: argparse.Namespace) -> None:
         written = write_static_space(args.model, out, args.repo_id, args.onnxruntime_web, args.demo_url,
                                      check_pipeline=check_pipeline)
         size = sum((written.folder / name).stat().st_size for name in written.files)
+        graph = next(Path(name).name for name in written.files if name.endswith(".onnx"))  # the one graph bundled
         print(f"wrote the static Space to {written.folder}: {len(written.files)} files, {size / 1e6:.1f} MB, running "
-              f"{args.model}'s pipeline.onnx in the browser")
+              f"{args.model}'s {graph} in the browser")
     else:
         from vit_hub.export.graph_check import check_graph  # what the Space's app checks at start, checked now
 
@@ -347,6 +345,13 @@ def run_space(args: argparse.Namespace) -> None:
     print(f"uploaded: {push_space(out, args.repo_id, private=args.private or None, token=args.token, sdk=sdk)}")
 
 
+def run_export(args: argparse.Namespace) -> int:
+    """`python -m vit_hub.export`'s own: a graph that fails verification exits 1."""
+    from vit_hub.export.__main__ import run_export as export_and_exit  # light: torch loads once the flags pass
+
+    return export_and_exit(args)
+
+
 COMMANDS = {"train": run_train, "inspect": run_inspect, "eval": run_eval, "predict": run_predict, "info": run_info, "sweep": run_sweep,
             "push": run_push, "pull": run_pull, "import": run_import, "export": run_export, "space": run_space}
 
@@ -354,9 +359,6 @@ COMMANDS = {"train": run_train, "inspect": run_inspect, "eval": run_eval, "predi
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # recorded in the model card; None: sys.argv
-    failed_checks = ()
-    if args.command == "export":  # a graph that fails verification exits 1, as `python -m vit_hub.export` does
-        from vit_hub.export import VerificationError
-
-        failed_checks = (VerificationError,)
-    return run_reporting_errors(lambda: COMMANDS[args.command](args), failed_checks)
+    if args.command == "export":  # its own exit codes, as `python -m vit_hub.export` gives them
+        return run_export(args)
+    return run_reporting_errors(lambda: COMMANDS[args.command](args))

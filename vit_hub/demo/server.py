@@ -4,6 +4,10 @@ Bound to 127.0.0.1 unless told otherwise (GRADIO_SERVER_NAME / GRADIO_SERVER_POR
 Hugging Face Space sets them, or --host/--port), with analytics, share links and server-side
 rendering off. In a Space folder written by `vit-hub space`, its space.json names the model,
 so `python app.py` starts the Space's app with no flags.
+
+The flags are parsed and the address checked before gradio, torch or onnxruntime load (they
+load in `main`, once there is something to serve), so `--help` and a refused flag answer at
+once.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from typing import Any
 
 from vit_hub.console import OneLineErrorParser
 from vit_hub.demo.backends import BACKENDS, load_predictor
-from vit_hub.demo.page import CHECKOUT, build_demo, serve
 from vit_hub.errors import UserError
 from vit_hub.hub.space import SpaceSettings, read_settings
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a Space folder
 # The bundled digit model: a clone's models/vit-mnist, else the copy `pip install .` put in the
 # package (pyproject.toml maps that folder to vit_hub/bundled/model).
 CHECKOUT_MODEL = CHECKOUT / "models" / "vit-mnist"
@@ -102,6 +106,8 @@ def main(argv: list[str] | None = None, prog: str = APP) -> None:
     args = parse_args(argv, prog)
     check_can_listen(args.host, args.port, prog)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    from vit_hub.demo.page import build_demo, serve  # gradio loads here
+
     try:
         predictor = load_predictor(args.model, args.backend, args.revision)
         predictor.config.check_has_head("the app")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vit_hub.layout import ModelDir
+
 
 def add_hub_commands(subparsers) -> None:
     """Adds `push` and `pull` to the `vit-hub` subcommands."""
@@ -12,10 +14,11 @@ def add_hub_commands(subparsers) -> None:
     push.add_argument("--model", required=True, help="model dir written by `vit-hub train`")
     push.add_argument("--repo-id", required=True, metavar="OWNER/NAME", help="created if it does not exist")
     push.add_argument("--private", action="store_true", help="make the repo private when this push creates it")
+    export = ModelDir(Path()).export
     push.add_argument("--with-onnx", action="store_true",
-                      help="also upload the ONNX graphs the model dir holds (model.onnx, model_attentions.onnx for "
-                           "the app's rollout, pipeline.onnx, their float16 copies) and the export report; "
-                           "refused, naming the `vit-hub export` command, when it has no model.onnx")
+                      help=f"also upload those of the export's files the model dir holds: "
+                           f"{', '.join(path.name for path in export.onnx_files)} (never {export.int8.name}); "
+                           f"refused, naming the `vit-hub export` command, when it has no {export.logits.name}")
     push.add_argument("--revision", help="branch to commit to (default main; created if missing)")
     push.add_argument("--commit-message",
                       help="the commit's message (default: \"Upload vit_hub model from FOLDER\")")
@@ -37,7 +40,6 @@ def add_hub_commands(subparsers) -> None:
 
 def run_push(args: argparse.Namespace) -> None:
     from vit_hub.hub.repos import CARD_KEPT, files_to_push, push_to_hub
-    from vit_hub.layout import ModelDir
 
     if args.dry_run:
         files = files_to_push(Path(args.model), args.repo_id, args.with_onnx)

@@ -318,8 +318,8 @@ def push_to_hub(model_dir: str | Path, repo_id: str, *, private: bool | None = N
         model_dir: folder written by `vit-hub train`.
         repo_id: "OWNER/NAME".
         private: make the repo private when this push creates it (None: the Hub's default).
-        with_onnx: also upload model.onnx, model_attentions.onnx and the export report, those
-            of them there are (`vit-hub export` writes them); model.onnx must be there.
+        with_onnx: also upload the export's files the folder holds (`ExportLayout.onnx_files`:
+            the graphs but the int8 one, and the report); model.onnx must be there.
         revision: branch to commit to (default "main"); created from main if missing.
         commit_message: summary of the commit (default names the folder).
         token: Hub token; default HF_TOKEN, then the cached login.

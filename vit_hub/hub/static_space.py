@@ -46,7 +46,7 @@ PAGE = Path(__file__).resolve().parent / "static_page"
 PAGE_FILES = ("index.html", "page.js", "overlay.mjs")
 STATIC_MODEL = "model"  # the graph and model.json inside the Space
 SAMPLES = ModelDir.samples  # the sample images inside the Space, named as in a model dir
-# The check of pipeline.onnx before it is bundled (vit_hub.export's check_pipeline, given by the
+# The check of the graph before it is bundled (vit_hub.export's check_pipeline, given by the
 # caller: this module never imports vit_hub.export): (graph, config, weights, a sample or None).
 PipelineCheck = Callable[[Path, ViTConfig, Path, Path | None], None]
 
@@ -57,12 +57,12 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
     folder written here before and unchanged since). `repo_id` is the Space's OWNER/NAME (its
     title); `ort_web` a tarball of onnxruntime-web at ORT_WEB_VERSION (default: npm's, fetched
     once); `demo_url` the Gradio demo the page links to for maps; `check_pipeline` raises for a
-    pipeline.onnx the page could not run (the CLI passes vit_hub.export's: see PipelineCheck)."""
+    graph the page could not run (the CLI passes vit_hub.export's: see PipelineCheck)."""
     check_repo_id(repo_id, flag="--repo-id")
     model_dir, out = Path(model), Path(out)
     if not model_dir.is_dir():
-        raise UserError(f"space --static: expected a model folder with pipeline.onnx, got {model}; for a Hub repo, "
-                        f"vit-hub pull it first")
+        raise UserError(f"space --static: expected a model folder with pipeline_map.onnx or pipeline.onnx, got "
+                        f"{model}; for a Hub repo, vit-hub pull it first")
     _check_out(out, model_dir)
     graph, samples = _model_files(model_dir)
     config = ViTConfig.from_json(ModelDir(model_dir).config)
@@ -76,7 +76,7 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
               **{f"{SAMPLES}/{path.name}": path for path in samples}}
     contents = {**{f"ort/{name}": data for name, data in onnxruntime_web(ort_web).items()},
                 f"{STATIC_MODEL}/model.json": json.dumps(described, indent=2) + "\n",
-                ModelDir.card: _readme(title, _licence(ModelDir(model_dir).card))}
+                ModelDir.card: _readme(title, _licence(ModelDir(model_dir).card), graph.name)}
     return write_folder(out, copies, contents, SpaceSettings(STATIC_MODEL, None, backend="browser"))
 
 
@@ -106,12 +106,13 @@ def _checked_url(url: str | None) -> str | None:
     return url
 
 
-def _readme(title: str, licence: str) -> str:
+def _readme(title: str, licence: str, graph: str) -> str:
+    """The Space's README.md; `graph` is the name of the graph it bundles."""
     front = {"title": title, "sdk": "static", "app_file": "index.html", "license": licence, "pinned": False,
              "tags": ["vit_hub", "onnxruntime-web", "image-classification"]}
     return (f"---\n{_yaml(front)}---\n\n# {title}\n\nA vit_hub Vision Transformer that runs in your browser: "
-            f"`model/pipeline.onnx` takes an image's pixels and does all of the model's preprocessing, ONNX Runtime "
-            f"Web {ORT_WEB_VERSION} (WebAssembly, in `ort/`) runs it, and no image leaves your machine.\n\n"
+            f"`{STATIC_MODEL}/{graph}` takes an image's pixels and does all of the model's preprocessing, ONNX "
+            f"Runtime Web {ORT_WEB_VERSION} (WebAssembly, in `ort/`) runs it, and no image leaves your machine.\n\n"
             f"Written by `vit-hub space --static`.\n")
 
 
