@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from conftest import digit_on_paper, free_port, tiny_config
+from conftest import digit_on_paper, free_port, python_app_map, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -169,6 +169,17 @@ def test_bundled_samples_are_classified(client, sample, predictor):
     assert Image.open(overlay).size == (280, 280)  # 28x28 input, scaled 10x for display
     tiles = predictor.config.depth
     assert Image.open(strip).size == (tiles * (pictures.STRIP_TILE_HEIGHT + 4) - 4, pictures.STRIP_TILE_HEIGHT)
+
+
+def test_the_explained_overlay_is_the_python_overlay_pixel_for_pixel(client, predictor, tmp_path):
+    """/explain's map over the image arrives with the very pixels the Python app drew (a lossless
+    picture), the ones the Node example and the static Space are held to."""
+    from vit_hub.explain.rollout import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION
+
+    for path in (SAMPLES[0], photo_of_digit(SAMPLES[1], tmp_path)):
+        overlay = predict(client, path, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, "rollout")[1]
+        drawn = np.asarray(Image.open(overlay).convert("RGB"), dtype=np.int16)
+        np.testing.assert_array_equal(drawn, python_app_map(predictor, path)[1])
 
 
 @pytest.mark.parametrize("size", [(300, 140), (2048, 1536), (28, 28), (40, 20)])

@@ -43,13 +43,15 @@ from vit_hub.model.config import ViTConfig, size_text
 from vit_hub.processing.postprocess import top_k
 from vit_hub.processing.preprocess import model_pixels, pixel_limit, to_model_domain
 
-CHECKOUT = Path(__file__).resolve().parents[2]  # where app.py is: a clone, or a Space folder
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
 QUEUE_SIZE = 64
 # Gradio keeps a copy of the page's config for every session, about 80 KB each, and each API
 # call without a session is a new one: at Gradio's default of 10,000 a server grew 20 MB every
 # 250 requests. The page keeps no state in a session, so the oldest are dropped sooner.
 SESSIONS_KEPT = 256
+# zlib's quickest level for the overlay's PNG: it encodes in a quarter of the default level's time
+# for a file a quarter larger (BENCHMARKS.md, "Time in the handler").
+OVERLAY_PNG_LEVEL = 1
 MAX_LABELS_NAMED = 5  # the header names a model's first classes, then says how many more
 # Small inputs (a 28x28 digit) fill the upload box with visible pixels instead of a speck; the
 # answer's pictures start below the label that floats over their top edge (it hid the head
@@ -113,6 +115,7 @@ class Handlers:
                   method: str | None) -> tuple:
         controls = self.controls(head_fusion, discard_ratio, k)
         result = explain(self.predictor, view, *controls, method or self.default_method)
+        result.overlay.encoderinfo = {"compress_level": OVERLAY_PNG_LEVEL}  # Pillow's options for a save
         return result.scores, result.overlay, result.strip, result.model_input, result.heads
 
 
@@ -223,14 +226,15 @@ def _controls(handlers: Handlers) -> list:
 
 
 def _outputs(config: ViTConfig) -> list:
-    """[labels, overlay, per-layer strip, model input, head grid]. JPEG for the heat maps:
-    it encodes far faster than PNG with no visible loss on a heat map; PNG for the model's
-    input, whose pixels should stay exact."""
+    """[labels, overlay, per-layer strip, model input, head grid]. PNG for the overlay and the
+    model's input, whose pixels stay exact (the overlay is the one the Node example and the
+    static Space draw, pixel for pixel); JPEG for the strip and the head grid: it encodes far
+    faster than PNG with no visible loss on those small heat maps."""
     pictures = dict(type="pil", interactive=False)
     buttons = ["download", "fullscreen"]
     return [
         gr.Label(label="Prediction"),
-        gr.Image(label="Explanation", format="jpeg", buttons=buttons, elem_id="rollout", **pictures),
+        gr.Image(label="Explanation", format="png", buttons=buttons, elem_id="rollout", **pictures),
         gr.Image(label="Rollout after layer 1, 2, ... (left to right)", format="jpeg", buttons=buttons,
                  elem_id="layer-strip", **pictures),
         gr.Image(label=_model_input_label(config), format="png", height=160, elem_id="model-input", **pictures),
