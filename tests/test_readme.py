@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -32,10 +33,12 @@ from markdown_it import MarkdownIt
 from PIL import Image
 
 from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config
+from vit_hub.layout import ExportLayout, ModelDir
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]  # every page whose blocks run here
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]  # the README and the pages it links
+NODE_README = REPO / "examples" / "node" / "README.md"  # the Node example's own page, its blocks run from its folder
 ACTIVATE = ". .venv/bin/activate"
 VENV_BIN = REPO / ".venv" / "bin"
 TOKEN = "hf_vitHubReadmeToken0123456789abcdef"
@@ -55,7 +58,7 @@ def fences(page: Path, language: str) -> list[str]:
 
 def bash_blocks() -> dict[str, str]:
     """{first line: block text} for every ```bash block of every page."""
-    blocks = [block for page in PAGES for block in fences(page, "bash")]
+    blocks = [block for page in (*PAGES, NODE_README) for block in fences(page, "bash")]
     first_lines = [block.splitlines()[0].strip() for block in blocks]
     assert len(set(first_lines)) == len(first_lines), f"two bash blocks start alike: {first_lines}"
     return dict(zip(first_lines, blocks))
@@ -158,8 +161,13 @@ NODE = "cd examples/node && ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci"
 GPU_SERVER = 'python examples/gpu_server.py --model models/vit-mnist --port 8000 &   # prints "serving ..." once it listens'
 NODE_MAP = ("cd examples/node && node classify.mjs ../../models/vit-mnist "
             "../../vit_hub/bundled/samples/mnist_test_0000_label_7.png --map overlay.png")
+NODE_INSTALL = "ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci --no-audit --no-fund"
+NODE_RUN = ("node classify.mjs ../../models/vit-mnist ../../vit_hub/bundled/samples/mnist_test_0000_label_7.png "
+            "../../vit_hub/bundled/samples/mnist_test_0001_label_2.png")
+NODE_RUN_MAP = ("node classify.mjs ../../models/vit-mnist ../../vit_hub/bundled/samples/mnist_test_0000_label_7.png "
+                "--map overlay.png")
 RUNNERS = {SETUP, ACTIVATION, QUICK_START, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES, PRETRAINED,
-           NODE, NODE_MAP, GPU_SERVER}
+           NODE, NODE_MAP, GPU_SERVER, NODE_INSTALL, NODE_RUN, NODE_RUN_MAP}
 
 
 def test_every_bash_block_has_a_runner():
@@ -282,6 +290,52 @@ def test_node_map_block_writes_the_overlay(tmp_path):
     text = substitute(block(NODE_MAP), [("--map overlay.png", f"--map {tmp_path}/overlay.png")])
     (row,) = [json.loads(line) for line in run_block(text).stdout.splitlines()]
     assert row["label"] == "7" and len(row["map"]) == 7 and (tmp_path / "overlay.png").stat().st_size > 1000
+
+
+def test_the_node_readme_installs_runs_and_draws_the_map(tmp_path):
+    """examples/node/README.md's blocks, run from its folder as it says; `make install-dev` ran
+    the `npm ci` already, so npm only checks the pinned packages are there."""
+    node = "cd examples/node\n"
+    run_block(node + substitute(block(NODE_INSTALL), [("npm ci --no-audit --no-fund", "npm ls --depth=0 >/dev/null")]))
+    rows = [json.loads(line) for line in run_block(node + block(NODE_RUN)).stdout.splitlines()]
+    assert [row["label"] for row in rows] == ["7", "2"] and all(len(row["top"]) == 3 for row in rows)
+    text = substitute(block(NODE_RUN_MAP), [("--map overlay.png", f"--map {tmp_path}/overlay.png")])
+    (row,) = [json.loads(line) for line in run_block(node + text).stdout.splitlines()]
+    assert row["label"] == "7" and row["overlay"] == f"{tmp_path}/overlay.png" and len(row["map"]) == 7
+
+
+def test_npm_runs_no_install_script_the_node_example_has_not_decided_on():
+    """npm 11 runs a dependency's install script only when package.json's allowScripts names it,
+    and ends `npm ci` with a warning for each one it does not name: every package the lock
+    marks as having one is named (onnxruntime-node's, denied: it only downloads CUDA libraries)."""
+    package = json.loads((REPO / "examples" / "node" / "package.json").read_text())
+    lock = json.loads((REPO / "examples" / "node" / "package-lock.json").read_text())
+    scripted = {name.rpartition("node_modules/")[2] for name, entry in lock["packages"].items()
+                if entry.get("hasInstallScript")}
+    assert scripted and scripted <= set(package.get("allowScripts", {})), (scripted, package.get("allowScripts"))
+
+
+def named_files(text: str) -> set[str]:
+    """The file names a page's text writes in backticks (`model.onnx`, `config.json`)."""
+    return set(re.findall(r"`([\w.]+\.(?:onnx|json))`", text))
+
+
+def paragraph(page: Path, holding: str) -> str:
+    """The paragraph of a page that holds `holding`, its lines joined."""
+    return next(" ".join(text.split()) for text in page.read_text(encoding="utf-8").split("\n\n") if holding in text)
+
+
+def test_the_pages_name_every_file_an_export_writes_and_a_push_uploads():
+    """The lists of files are written by hand; these are the files vit_hub.layout names."""
+    layout = ModelDir(Path()).export
+    half = {ExportLayout.in_precision(graph, "fp16").name for graph in (layout.logits, layout.attentions, layout.pipeline)}
+    shipped = {path.name for path in layout.onnx_files}
+    assert half <= shipped  # what --precision fp16 adds, which the export block does not ask for
+    written = paragraph(REPO / "docs" / "export.md", "writes `runs/onnx/`:")
+    assert named_files(written) == shipped - half | {layout.int8.name, layout.config.name}, written
+    pushed = paragraph(REPO / "docs" / "hub.md", "`--with-onnx` adds").partition("`--with-onnx` adds")[2]
+    pushed = pushed.partition("; without")[0]  # the sentence's list
+    assert named_files(pushed) == shipped | {layout.int8.name} and f"never `{layout.int8.name}`" in pushed, pushed
 
 
 @pytest.mark.slow
