@@ -22,7 +22,8 @@ EXPORT = f"{PACKAGE}.export"  # pyproject.toml maps the checkout's export/ folde
 # modules of export/). Within a layer, modules are grouped by what they serve.
 LAYERS: dict[str, tuple[str, ...]] = {
     "foundation": ("errors", "console", "layout", "storage"),
-    "model": ("model", "model.fields", "model.config", "model.patches", "model.positions", "model.vit", "model.flops"),
+    "model": ("model", "model.fields", "model.labels", "model.config", "model.patches", "model.positions", "model.vit",
+              "model.flops"),
     "processing": ("processing", "processing.canonical", "processing.preprocess", "processing.postprocess"),
     "explain": ("explain", "explain.rollout", "explain.blanking", "explain.gradients", "explain.attribution",
                 "explain.run"),

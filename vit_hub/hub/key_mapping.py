@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from vit_hub.errors import UserError
-from vit_hub.model.config import INTERPOLATIONS, ViTConfig, label_key, size_text
+from vit_hub.model.config import INTERPOLATIONS, ViTConfig, size_text
+from vit_hub.model.labels import label_key
 
 # ImageNet-1k's class names in class-index order: the WordNet lemmas of its synsets, as timm
 # lists them (timm/data/_info), one per line.

@@ -1,25 +1,23 @@
 """ViTConfig: everything needed to rebuild a model and feed it the right pixels.
 
 This module imports neither torch nor any other part of the package (but its field checks and
-what `vit_hub.console` calls a control character), so the torch-free ONNX runtime and the app
-can read the same config the trainer wrote. A value no model can be built from raises
-`ConfigError`, a `UserError`: the command lines print it as one line.
+its label checks, `vit_hub.model.labels`), so the torch-free ONNX runtime and the app can read
+the same config the trainer wrote. A value no model can be built from raises `ConfigError`, a
+`UserError`: the command lines print it as one line.
 Every field is JSON-native (ints, floats, strings, lists): `config.json` is just
 `ViTConfig.to_dict()`, and loading it back gives an equal config.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import numbers
-import unicodedata
 from pathlib import Path
 from typing import Any
 
-from vit_hub.console import is_control
 from vit_hub.model.fields import ConfigError, check_fields, is_int, one_of, read_json, shown, within
+from vit_hub.model.labels import check_labels
 
 POS_EMBEDDINGS = ("learned", "sincos")
 POOLINGS = ("cls", "mean")
@@ -36,13 +34,6 @@ CHANNELS = (1, 3)  # grayscale or RGB
 # probabilities are NaN (1e-45 divides the logits into infinities) or all alike (1e308).
 TEMPERATURE_RANGE = (0.05, 20.0)
 DIGIT_LABELS = tuple(str(digit) for digit in range(10))  # MNIST's classes, in label order (a config holds list(DIGIT_LABELS))
-
-
-def label_key(label: str) -> str:
-    """What tells two class names apart when a person reads them: the text after Unicode's
-    compatibility normalisation (NFKC: "ﬁ" is "fi", a composed "é" the decomposed one), without
-    leading or trailing spaces."""
-    return unicodedata.normalize("NFKC", label).strip()
 
 
 def size_text(size: tuple[int, ...] | list[int]) -> str:
@@ -253,19 +244,11 @@ class ViTConfig:
             raise ConfigError(f"std: expected positive values, got {self.std}")
 
     def _check_labels(self) -> None:
-        """At most MAX_CLASSES labels, each printable on one line, a different one for each class
-        (after `label_key`: "7" and "7 " would read as one class)."""
+        """At most MAX_CLASSES labels, each one a person can read and tell apart from the others
+        (`vit_hub.model.labels`: "7" and "7 ", Latin "o" and Cyrillic "о" would read as one class)."""
         if len(self.labels) > MAX_CLASSES:
             raise ConfigError(f"labels: expected at most {MAX_CLASSES:,}, found {len(self.labels):,}")
-        steering = [label for label in self.labels if any(map(is_control, label))]
-        if steering:  # a newline or a terminal escape in a label would forge lines of `vit-hub predict`
-            raise ConfigError(f"labels: expected names without control characters (newlines, terminal escapes), "
-                              f"found {shown(steering[0])}")
-        keys = collections.Counter(map(label_key, self.labels))
-        repeated = sorted({label for label in self.labels if keys[label_key(label)] > 1})
-        if repeated:  # a prediction "x 0.91, x 0.01" would name no class
-            raise ConfigError(f"labels: expected a different name for each class, found {shown(repeated)} "
-                              f"more than once")
+        check_labels(self.labels)
         if self.num_classes != len(self.labels):
             raise ConfigError(f"num_classes {self.num_classes} does not match the {len(self.labels)} labels given")
 
