@@ -320,7 +320,9 @@ def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, t
     model_dir.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(MODEL_DIR / name, model_dir / name)
-    monkeypatch.setattr(backends.tempfile, "mkdtemp", lambda prefix: str(export_dir))
+    made = backends.tempfile.mkdtemp  # the export's own staging folder (dir=...) is made as always
+    monkeypatch.setattr(backends.tempfile, "mkdtemp",
+                        lambda prefix, dir=None: str(export_dir) if dir is None else made(prefix=prefix, dir=dir))
     onnx = backends.load_predictor(model_dir, "onnx")
     assert (export_dir / "model_attentions.onnx").is_file()
     assert onnx.description.startswith("ONNX Runtime")

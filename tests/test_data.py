@@ -734,3 +734,18 @@ def test_per_core_worker_choice_follows_the_device(monkeypatch):
     assert batches.default_workers("cuda", processes=8) == 1
     monkeypatch.setattr(batches.os, "cpu_count", lambda: 64)
     assert batches.default_workers("cuda") == 16
+
+
+def test_an_image_turned_upright_is_not_turned_again_when_read_a_second_time(tmp_path):
+    """load_image turns a photo by its EXIF orientation and drops that orientation: the Python
+    API's predict, given an image load_image already read (as the app and the export's checks
+    hand it on), must not turn it a second time."""
+    from vit_hub.processing.preprocess import load_image, open_image
+
+    stored = Image.fromarray(np.arange(80 * 120 * 3, dtype=np.uint8).reshape(80, 120, 3))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated: shown turned 90 degrees clockwise
+    stored.save(tmp_path / "turned.png", exif=exif.tobytes())
+    once = load_image(open_image(tmp_path / "turned.png"))
+    assert once.size == (80, 120)
+    np.testing.assert_array_equal(np.asarray(load_image(load_image(once))), np.asarray(once))

@@ -194,6 +194,9 @@ UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4:
            8: Image.Transpose.ROTATE_90}
 
 
+XMP_KEYS = ("xmp", "XML:com.adobe.xmp")  # where Pillow keeps XMP, which may hold an orientation too
+
+
 def upright(image: Image.Image) -> Image.Image:
     """A photo stored rotated (its EXIF or XMP orientation), turned upright. Metadata that does
     not parse (a malformed EXIF block: Pillow raises SyntaxError, struct.error, ...) is read as
@@ -203,7 +206,15 @@ def upright(image: Image.Image) -> Image.Image:
     except UNDECODABLE:
         return image
     method = UPRIGHT.get(orientation) if isinstance(orientation, int) else None
-    return image if method is None else image.transpose(method)
+    if method is None:
+        return image
+    turned = image.transpose(method)  # keeps the metadata: its orientation goes, or a second read turns it again
+    exif = image.getexif()
+    del exif[ORIENTATION_TAG]
+    turned.info["exif"] = exif.tobytes()
+    for key in XMP_KEYS:
+        turned.info.pop(key, None)
+    return turned
 
 
 def to_model_mode(image: Image.Image, channels: int) -> Image.Image:
