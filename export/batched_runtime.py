@@ -36,7 +36,7 @@ import numpy as np
 from PIL import Image
 
 from vit_hub.errors import UserError
-from vit_hub.processing.canonical import BLANK_IMAGE, NO_INK
+from vit_hub.processing.canonical import BLANK_IMAGE, NEARLY_BLANK, NO_INK
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.postprocess import top_k as rank_top_k
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
@@ -50,7 +50,7 @@ from .session import ORT_ERRORS, ort_detail
 BATCH_TOLERANCE = 1e-5
 DEFAULT_BATCH = 64  # uploads per network run, at most
 # What the preprocessing graph refuses an upload for (it quotes one in its error).
-REFUSALS = (WRONG_CHANNELS, TOO_SMALL, TOO_LARGE, BLANK_IMAGE, NO_INK)
+REFUSALS = (WRONG_CHANNELS, TOO_SMALL, TOO_LARGE, BLANK_IMAGE, NO_INK, NEARLY_BLANK)
 
 
 @dataclass(frozen=True)

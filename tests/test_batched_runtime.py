@@ -26,7 +26,7 @@ from vit_hub.export.runtime import OnnxClassifier
 from vit_hub.export.session import CPU, CUDA
 from vit_hub.layout import GRAPH_INPUT, PIPELINE_INPUT, ExportLayout
 from vit_hub.model.config import ViTConfig
-from vit_hub.processing.canonical import BLANK_IMAGE, EmptyImageError
+from vit_hub.processing.canonical import BLANK_IMAGE, NEARLY_BLANK, EmptyImageError
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.preprocess import preprocess
 
@@ -89,6 +89,15 @@ def test_a_refused_upload_gets_its_reason_and_the_others_their_answers(server, u
     with pytest.raises(batched_runtime.UploadRefused, match="no ink"):
         server.top_k(answers[1])
     assert server.top_k(answers[0], 2)[0][0] in server.config.labels
+
+
+def test_a_lone_dark_pixel_on_white_is_refused_as_nearly_blank(server):
+    """The digit model answered "0" at 0.975 for one dark pixel on 300x300 white: now refused,
+    as the Python path refuses it."""
+    pixels = np.full((300, 300, 3), 255, np.uint8)
+    pixels[150, 150] = 0
+    (answer,) = server.classify([pixels])
+    assert answer.probabilities is None and answer.refusal == NEARLY_BLANK
 
 
 @pytest.mark.parametrize("image, error", [(np.zeros((40, 40, 3), np.float32), TypeError),

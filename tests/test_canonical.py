@@ -16,7 +16,7 @@ from conftest import digit_on_paper
 from vit_hub.data.augmentation import TrainTransform
 from vit_hub.data.batches import EvalTransform
 from vit_hub.model.config import ViTConfig
-from vit_hub.processing.canonical import STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
+from vit_hub.processing.canonical import NEARLY_BLANK, STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
 from vit_hub.processing.preprocess import preprocess, to_model_domain, to_model_mode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,6 +240,31 @@ def test_specks_beside_the_digit_are_dropped():
 def test_a_blank_page_or_canvas_is_still_refused(image):
     with pytest.raises(EmptyImageError, match="expected an image of a digit, found"):
         canonical(image)
+
+
+def speck_on_white(side: int, speck: int) -> Image.Image:
+    """A white square picture with a dark square speck of `speck` pixels a side in its middle."""
+    pixels = np.full((side, side), 255, np.uint8)
+    pixels[side // 2:side // 2 + speck, side // 2:side // 2 + speck] = 0
+    return Image.fromarray(pixels)
+
+
+@pytest.mark.parametrize("side, speck", [(28, 1), (64, 3), (300, 1), (300, 5), (400, 8)])
+def test_a_lone_dark_pixel_or_a_speck_on_white_is_no_digit(side, speck):
+    """A speck whose longer side spans under 4 pixels, or under 2.5 % of the picture's, is
+    refused as a nearly blank image (a lone pixel on 300x300 white was a "0" at 0.975)."""
+    with pytest.raises(EmptyImageError, match=re.escape(NEARLY_BLANK)):
+        canonical(speck_on_white(side, speck))
+
+
+def test_a_small_digit_on_a_large_page_is_still_a_digit():
+    """A handwritten digit 4 % as tall as the page it is written on (a whole sheet photographed)
+    is well above the speck's limits, and canonicalises as it does alone."""
+    sample = Image.open(SAMPLES[0]).convert("L")
+    page = Image.new("L", (2000, 1500), 255)
+    page.paste(ImageOps.invert(sample).resize((112, 112), Image.Resampling.BICUBIC), (900, 700))
+    alone = ImageOps.invert(sample).resize((112, 112), Image.Resampling.BICUBIC)
+    assert correlation(canonical(page), canonical(alone)) > 0.9
 
 
 def test_the_config_names_the_canonicalisation():

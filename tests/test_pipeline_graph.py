@@ -25,7 +25,7 @@ from vit_hub.export.pipeline_graph import (TOO_LARGE, TOO_SMALL, WRONG_CHANNELS,
 from vit_hub.errors import UserError
 from vit_hub.layout import PIPELINE_INPUT
 from vit_hub.model.config import ViTConfig
-from vit_hub.processing.canonical import BLANK_IMAGE, EmptyImageError
+from vit_hub.processing.canonical import BLANK_IMAGE, NEARLY_BLANK, EmptyImageError
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, check_pixels, preprocess
 
@@ -142,6 +142,8 @@ def uploads_of_a_digit() -> list[tuple[str, Image.Image]]:
     canvas.paste(Image.new("RGBA", (300, 300), (30, 30, 90, 255)), (700, 200), plain.resize((300, 300)).point(lambda v: 255 * (v > 100)))
     gray_alpha = plain.convert("LA")
     gray_alpha.putalpha(Image.linear_gradient("L").resize(plain.size))
+    small = Image.new("L", (1600, 1200), 255)  # a digit 4 % of the page tall: above the speck's limits
+    small.paste(ImageOps.invert(plain).resize((90, 90), Image.Resampling.BICUBIC), (700, 500))
     tie = Image.new("L", (200, 200), 127)  # a 1 in ink 127 below the paper, a 7 127 above it: light wins a tie
     ImageDraw.Draw(tie).line([(40, 30), (40, 170)], fill=0, width=10)
     ImageDraw.Draw(tie).line([(90, 40), (170, 40), (120, 170)], fill=254, width=10)
@@ -149,7 +151,7 @@ def uploads_of_a_digit() -> list[tuple[str, Image.Image]]:
             ("a hairline on a large canvas", hairline), ("a bold marker", marker), ("a closed-top 4", four),
             ("a speck of dust", specks), ("a transparent canvas", canvas), ("gray with alpha", gray_alpha),
             ("upside-down colours", ImageOps.invert(photo)), ("RGB sample", Image.open(SAMPLES[3]).convert("RGB")),
-            ("dark and light ink tied", tie)]
+            ("dark and light ink tied", tie), ("a small digit on a large page", small)]
 
 
 @pytest.mark.parametrize("name, image", uploads_of_a_digit(), ids=lambda value: value if isinstance(value, str) else "")
@@ -224,6 +226,17 @@ def test_the_pixel_limit_counts_a_wide_short_image_by_its_area(digit_graph):
     with pytest.raises(Exception, match=re.escape(BLANK_IMAGE)):
         digit_graph.run(None, {PIPELINE_INPUT: np.zeros((100, at, 1), np.uint8)})
     check_pixels(at, 100, max_pixels=UPLOAD_MAX_PIXELS)
+
+
+@pytest.mark.parametrize("side, speck", [(300, 1), (28, 1), (300, 5)])
+def test_a_lone_dark_pixel_on_white_is_refused_by_both_paths_as_nearly_blank(digit_graph, side, speck):
+    """Not a "0" at 0.975: the graph stops where the Python path raises, with its message."""
+    pixels = np.full((side, side, 1), 255, np.uint8)
+    pixels[side // 2:side // 2 + speck, side // 2:side // 2 + speck] = 0
+    with pytest.raises(Exception, match=re.escape(NEARLY_BLANK)):
+        digit_graph.run(None, {PIPELINE_INPUT: pixels})
+    with pytest.raises(EmptyImageError, match=re.escape(NEARLY_BLANK)):
+        preprocess(Image.fromarray(pixels[..., 0]), DIGIT_CONFIG)
 
 
 def test_the_python_path_refuses_what_the_graph_refuses():

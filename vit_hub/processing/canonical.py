@@ -47,9 +47,15 @@ RULED_LINE_SHARE = 0.15  # an edge-to-edge piece thinner than this share of the 
 FRAME_SIDE_SHARE = 0.5  # an edge-to-edge piece along this share of a side or more is the desk or a shadow
 CORNER_SIDE_SHARE = 0.3  # a piece along this share of two sides that meet fills a corner: the desk
 CROP_MARGIN = 0.05  # the detail crop's margin around the ink box, as a share of its longer side
+# Ink whose longer side spans fewer pixels of the picture than either of these is a speck, not a
+# digit: a lone dark pixel on white. The uploads people make span 22-71 % of the picture (bench
+# digit_uploads' photos and typed digits, digits on paper, the MNIST samples; the smallest 48 px).
+MIN_INK_SIDE = 4  # pixels
+MIN_INK_SHARE = 0.025  # of the picture's longer side
 
 BLANK_IMAGE = "expected an image of a digit, found a blank image (no ink)"
 NO_INK = "expected an image of a digit, found no ink standing out from the background"
+NEARLY_BLANK = "expected an image of a digit, found a nearly blank image (a speck of ink too small to be a digit)"
 
 
 class EmptyImageError(UserError):
@@ -174,10 +180,14 @@ def _quadratic_basis(y: np.ndarray, x: np.ndarray) -> np.ndarray:
 def _ink_box(signal: Image.Image, paper: Paper) -> tuple[int, int, int, int]:
     """Where the digit is in an ink-bright picture: (top, left, bottom, right) in its pixels,
     found on a copy at most WORK_SIDE large, without specks of dust far from the ink's mass,
-    with a margin of CROP_MARGIN of its longer side."""
+    with a margin of CROP_MARGIN of its longer side. Ink spanning fewer than MIN_INK_SIDE pixels,
+    or less than MIN_INK_SHARE of the picture's longer side, is no digit (EmptyImageError)."""
     work = shrink(signal, WORK_SIDE)
     rows, cols = np.nonzero(_without_outliers(_without_frame_marks(paper.ink(work, (0, 0), (1, 1)))))
     scale_y, scale_x = signal.height / work.shape[0], signal.width / work.shape[1]
+    ink_side = max((np.ptp(rows) + 1) * scale_y, (np.ptp(cols) + 1) * scale_x)  # in the picture's pixels
+    if ink_side < max(MIN_INK_SIDE, MIN_INK_SHARE * max(signal.size)):
+        raise EmptyImageError(NEARLY_BLANK)
     margin = CROP_MARGIN * max(np.ptp(rows) + 1, np.ptp(cols) + 1)
     top, left = max(0, int((rows.min() - margin) * scale_y)), max(0, int((cols.min() - margin) * scale_x))
     bottom = min(signal.height, int(np.ceil((rows.max() + 1 + margin) * scale_y)))
