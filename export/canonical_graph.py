@@ -211,8 +211,7 @@ def _extent(g: GraphBuilder, mask: str) -> tuple[str, str, str, str]:
 
 
 def _ink_box(g: GraphBuilder, gray: str, work: str, paper: Paper) -> tuple[str, str, str, str]:
-    """Where the digit is: (top, left, bottom, right) int64 pixels of the picture; a speck too small
-    to be a digit stops the run (canonical._ink_box)."""
+    """Where the digit is: (top, left, bottom, right) int64 pixels of the picture (canonical._ink_box)."""
     height, width = dims(g, gray)
     work_height, work_width = dims(g, work)
     ink = _without_outliers(g, _without_frame_marks(g, paper.ink(g, work, (0.0, 0.0), (1.0, 1.0))))
@@ -220,8 +219,7 @@ def _ink_box(g: GraphBuilder, gray: str, work: str, paper: Paper) -> tuple[str, 
     scale_y = g.Div(as_double(g, height), as_double(g, work_height))
     scale_x = g.Div(as_double(g, width), as_double(g, work_width))
     one = f64(g, 1.0)
-    ink_side = g.Max(g.Mul(g.Add(g.Sub(last_row, first_row), one), scale_y),
-                     g.Mul(g.Add(g.Sub(last_col, first_col), one), scale_x))  # in the picture's pixels
+    ink_side = g.Max(g.Mul(g.Add(g.Sub(last_row, first_row), one), scale_y), g.Mul(g.Add(g.Sub(last_col, first_col), one), scale_x))
     least = g.Max(f64(g, float(c.MIN_INK_SIDE)), g.Mul(f64(g, c.MIN_INK_SHARE), as_double(g, g.Max(height, width))))
     first_row = g.guard(first_row, g.GreaterOrEqual(ink_side, least), c.NEARLY_BLANK)
     margin = g.Mul(f64(g, c.CROP_MARGIN), g.Max(g.Add(g.Sub(last_row, first_row), one), g.Add(g.Sub(last_col, first_col), one)))
