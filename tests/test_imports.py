@@ -27,7 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "processing": ("processing", "processing.canonical", "processing.preprocess", "processing.postprocess"),
     "explain": ("explain", "explain.rollout", "explain.blanking", "explain.gradients", "explain.attribution",
                 "explain.run"),
-    "data": ("data", "data.choices", "data.colour", "data.folders", "data.sources", "data.augmentation", "data.batches",
+    "data": ("data", "data.choices", "data.colour", "data.folders", "data.hub_datasets", "data.sources", "data.augmentation", "data.batches",
              "data.samples"),
     "insight": ("insight", "insight.views", "insight.figures", "insight.inspect"),
     "hub": ("", "hub", "hub.weight_checks", "hub.card", "hub.repos", "hub.push_pull", "hub.pretrained",

@@ -1,0 +1,131 @@
+"""`--data` as a Hugging Face dataset folder (vit_hub/data/hub_datasets.py): what save_to_disk
+writes, and parquet shards in the Hub's layout beside a README, generated here (offline): read
+with their class names and splits, trained on through `vit-hub train`, the same rows as a
+folder of the same images; bad datasets refused in one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from conftest import CLASSES, TINY_TRAIN_FLAGS, assert_one_line, draw_example
+from vit_hub.data.sources import load_splits, targets_of
+
+ROOT = Path(__file__).resolve().parents[1]
+LABELS = list(CLASSES)
+
+
+def rows(count: int, seed: int) -> dict[str, list]:
+    """`count` generated photos per class: {"image": PIL images, "label": class indices}."""
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    for index, name in enumerate(LABELS):
+        for _ in range(count):
+            images.append(draw_example(name, (int(rng.integers(20, 48)), int(rng.integers(20, 48))), rng))
+            labels.append(index)
+    return {"image": images, "label": labels}
+
+
+def dataset(count: int, seed: int, **features) -> datasets.Dataset:
+    kinds = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=LABELS), **features})
+    return datasets.Dataset.from_dict(rows(count, seed), features=kinds)
+
+
+@pytest.fixture(scope="module")
+def splits() -> datasets.DatasetDict:
+    return datasets.DatasetDict(train=dataset(16, 0), test=dataset(6, 1))
+
+
+@pytest.fixture(scope="module")
+def saved(splits, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("saved") / "shapes"
+    splits.save_to_disk(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hub_layout(splits, tmp_path_factory) -> Path:
+    """Parquet shards named as push_to_hub names them, two for train, and a dataset card."""
+    folder = tmp_path_factory.mktemp("hub") / "shapes"
+    (folder / "data").mkdir(parents=True)
+    halves = splits["train"].train_test_split(test_size=0.5, seed=0)
+    for number, part in enumerate((halves["train"], halves["test"])):
+        part.to_parquet(str(folder / "data" / f"train-{number:05d}-of-00002.parquet"))
+    splits["test"].to_parquet(str(folder / "data" / "test-00000-of-00001.parquet"))
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# shapes\n")
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["saved", "hub_layout"])
+def test_a_dataset_folder_gives_its_classes_splits_and_images(layout, request, splits):
+    loaded = load_splits(str(request.getfixturevalue(layout)), val_split=0.25, seed=0)
+    assert loaded.labels == LABELS and "Hugging Face dataset" in loaded.source
+    assert len(loaded.train) + len(loaded.val) == 32 and len(loaded.test) == 12
+    assert sorted(targets_of(loaded.test).tolist()) == sorted(splits["test"]["label"])
+    image, label = loaded.test[0]
+    assert label in (0, 1) and image.size[0] >= 20
+
+
+def test_vit_hub_train_trains_on_a_dataset_folder_through_the_command(hub_layout, tmp_path):
+    out = tmp_path / "model"
+    done = subprocess.run([sys.executable, "-m", "vit_hub", "train", "--data", str(hub_layout), "--out", str(out),
+                           "--epochs", "2", *TINY_TRAIN_FLAGS], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((out / "config.json").read_text())["labels"] == LABELS
+    final = json.loads((out / "metrics.json").read_text())["final"]
+    assert final["split"] == "test" and final["n"] == 12
+
+
+def test_the_same_images_as_a_folder_and_as_a_dataset_are_the_same_rows(saved, tmp_path):
+    """Written out as class folders (PNG, lossless), the dataset's images and labels are the folder's."""
+    for part in ("train", "test"):
+        loaded = datasets.load_from_disk(str(saved))[part]
+        for index, row in enumerate(loaded):
+            target = tmp_path / part / LABELS[row["label"]] / f"{index:03d}.png"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            row["image"].save(target)
+    as_folder = load_splits(str(tmp_path), val_split=0)
+    as_dataset = load_splits(str(saved), val_split=0)
+    assert as_folder.labels == as_dataset.labels
+    pixels = lambda split: sorted(np.asarray(image).tobytes() + bytes([label]) for image, label in split)  # noqa: E731
+    assert pixels(as_folder.test) == pixels(as_dataset.test)
+
+
+def test_a_dataset_without_a_class_label_column_is_refused_in_one_line(tmp_path):
+    plain = datasets.Dataset.from_dict({"image": rows(2, 0)["image"], "label": ["a", "b", "a", "b"]},
+                                       features=datasets.Features({"image": datasets.Image(),
+                                                                   "label": datasets.Value("string")}))
+    plain.save_to_disk(str(tmp_path / "plain"))
+    with pytest.raises(Exception) as refused:
+        load_splits(str(tmp_path / "plain"))
+    assert_one_line(str(refused.value), "expected one image column", "label (Value)")
+
+
+def test_a_dataset_of_one_class_is_refused_in_one_line(tmp_path):
+    one = datasets.Dataset.from_dict(
+        {"image": rows(2, 0)["image"][:2], "label": [0, 0]},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["only"])}))
+    one.save_to_disk(str(tmp_path / "one"))
+    with pytest.raises(Exception) as refused:
+        load_splits(str(tmp_path / "one"))
+    assert_one_line(str(refused.value), "expected at least two classes")
+
+
+def test_an_image_that_does_not_decode_is_skipped_as_a_folders_file_is(tmp_path):
+    good = io.BytesIO()
+    rows(1, 0)["image"][0].save(good, format="PNG")
+    broken = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b"\x89PNG\r\n\x1a\n cut", "path": None}, {"bytes": good.getvalue(), "path": None}],
+         "label": [0, 1]},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=LABELS)}))
+    broken.save_to_disk(str(tmp_path / "broken"))
+    loaded = load_splits(str(tmp_path / "broken"), val_split=0)
+    image, label = loaded.train[0]  # row 0 does not decode: the next one of its split stands in
+    assert label == 1 and image.size == rows(1, 0)["image"][0].size
