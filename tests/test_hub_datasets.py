@@ -1,12 +1,15 @@
-"""`--data` as a Hugging Face dataset folder (vit_hub/data/hub_datasets.py): what save_to_disk
-writes, and parquet shards in the Hub's layout beside a README, generated here (offline): read
-with their class names and splits, trained on through `vit-hub train`, the same rows as a
+"""`--data` as a Hugging Face dataset (vit_hub/data/hub_datasets.py): what save_to_disk writes,
+parquet shards in the Hub's layout beside a README, and such a dataset on the Hub found in a
+filled cache with HF_HUB_OFFLINE=1, generated here: read with their class names and splits,
+trained on through `vit-hub train` (the card naming a Hub dataset by id), the same rows as a
 folder of the same images; bad datasets refused in one line."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +132,39 @@ def test_an_image_that_does_not_decode_is_skipped_as_a_folders_file_is(tmp_path)
     loaded = load_splits(str(tmp_path / "broken"), val_split=0)
     image, label = loaded.train[0]  # row 0 does not decode: the next one of its split stands in
     assert label == 1 and image.size == rows(1, 0)["image"][0].size
+
+
+# A dataset on the Hub, from a filled cache ----------------------------------------------------
+def filled_cache(hub_layout: Path, cache: Path, repo_id: str, commit: str = "0" * 40) -> Path:
+    """The Hugging Face cache as snapshot_download leaves it after fetching `repo_id` at main."""
+    repo = cache / f"datasets--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(hub_layout, snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return cache
+
+
+def train_offline(data: str, out: Path, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "vit_hub", "train", "--data", data, "--out", str(out), "--epochs", "1",
+                           *TINY_TRAIN_FLAGS], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+
+
+def test_a_hub_dataset_id_trains_from_the_cache_offline_and_the_card_names_it(hub_layout, tmp_path):
+    cache = filled_cache(hub_layout, tmp_path / "cache", "someone/shapes")
+    done = train_offline("hf://datasets/someone/shapes", tmp_path / "model", cache)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "someone/shapes (Hugging Face dataset)" in done.stdout + done.stderr
+    front = (tmp_path / "model" / "README.md").read_text().split("---")[1]
+    assert "datasets:\n- someone/shapes" in front
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ("hf://datasets/someone/missing", "expected the Hub dataset someone/missing"),
+    ("hf://datasets/not-a-repo-id", "expected hf://datasets/OWNER/NAME"),
+])
+def test_a_hub_dataset_that_is_not_there_offline_is_one_line(data, fragment, tmp_path):
+    done = train_offline(data, tmp_path / "model", tmp_path / "empty-cache")
+    assert done.returncode != 0 and not (tmp_path / "model" / "model.safetensors").exists()
+    assert_one_line(done.stderr.strip().splitlines()[-1].removeprefix("error: "), fragment)

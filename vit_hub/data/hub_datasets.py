@@ -7,6 +7,10 @@ extra: `pip install 'vit-hub[datasets]'`; `make install` has it):
     it: parquet shards whose names carry the split (`data/train-00000-of-00002.parquet`,
     `data/test-00000-of-00001.parquet`), beside a README.
 
+A dataset on the Hub is named `hf://datasets/OWNER/NAME` (`@REVISION` after it pins a branch,
+tag or commit): its parquet shards are fetched into the Hugging Face cache (huggingface_hub's
+snapshot_download), or found there with HF_HUB_OFFLINE=1, and read as a folder in the Hub's layout.
+
 The images are the one column whose feature is an `Image`, the labels the one that is a
 `ClassLabel`, whose names are the classes; a dataset with no such column, or several, is
 refused in one line naming the columns it has. The splits map as a folder's do: `train`,
@@ -17,20 +21,51 @@ unreadable file is.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import Dataset
 
-from vit_hub.data.folders import UnreadableImage
 from vit_hub.errors import DataError
 
 SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes at the top
 SHARD_SUFFIXES = (".parquet", ".arrow")
 SPLITS = {"train": "train", "validation": "val", "valid": "val", "val": "val", "test": "test"}
 INSTALL = "pip install 'vit-hub[datasets]'"
+HUB_PREFIX = "hf://datasets/"
+HUB_FILES = ["*.parquet", "*.arrow", "*.json", "README.md"]  # what a dataset repo's snapshot needs here
+
+
+def dataset_folder(data: str) -> Path | None:
+    """The folder `--data` names when it is a dataset (a Hub one fetched into the cache first),
+    else None (an image folder, mnist, a torchvision name)."""
+    if data.startswith(HUB_PREFIX):
+        return _snapshot(data)
+    return Path(data) if is_dataset_folder(Path(data)) else None
+
+
+def hub_reference(data: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) of a `--data hf://datasets/OWNER/NAME[@REVISION]`, else None."""
+    if not data.startswith(HUB_PREFIX):
+        return None
+    repo_id, _, revision = data.removeprefix(HUB_PREFIX).partition("@")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id) or "@" in revision:
+        raise DataError(f"--data {data}: expected hf://datasets/OWNER/NAME, optionally @REVISION, found {repo_id!r}")
+    return repo_id, revision or None
+
+
+def _snapshot(data: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    repo_id, revision = hub_reference(data)
+    try:
+        return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=HUB_FILES))
+    except Exception as error:  # noqa: BLE001 - offline, missing, gated: huggingface_hub raises many kinds
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise DataError(f"--data {data}: expected the Hub dataset {repo_id} (in the cache when HF_HUB_OFFLINE=1), "
+                        f"found {type(error).__name__}: {detail}") from None
 
 
 def is_dataset_folder(path: Path) -> bool:
@@ -95,8 +130,9 @@ def _columns(path: Path, features: dict[str, Any]) -> tuple[str, str]:
     return images[0], labels[0]
 
 
-class HubImages(Dataset):
-    """One split's rows -> (PIL image, class index), decoded as they are read."""
+class HubImages:
+    """One split's rows -> (PIL image, class index), decoded as they are read (a map-style
+    dataset, as torch's DataLoader takes one; this module imports no torch)."""
 
     def __init__(self, rows: Any, image: str, label: str):
         self.rows, self.image, self.label = rows, image, label
@@ -110,5 +146,7 @@ class HubImages(Dataset):
             image = self.rows[int(index)][self.image]
             image.load()
         except (OSError, ValueError, SyntaxError) as error:
+            from vit_hub.data.folders import UnreadableImage  # torch: the card reads this module without it
+
             raise UnreadableImage(f"row {index}: {error}") from None
         return image, int(self.targets[index])

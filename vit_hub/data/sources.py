@@ -6,8 +6,8 @@
   * `mnist`: the copy bundled in this package (offline, 60k train / 10k test);
   * a torchvision dataset name (`cifar10`, `fashionmnist`, ...) whose files are already
     under `--data-root` (nothing is downloaded);
-  * a Hugging Face dataset folder: what `save_to_disk` wrote, or parquet shards in the Hub's
-    layout (read by `vit_hub.data.hub_datasets`).
+  * a Hugging Face dataset: a folder `save_to_disk` wrote, parquet shards in the Hub's layout,
+    or `hf://datasets/OWNER/NAME` on the Hub (read by `vit_hub.data.hub_datasets`).
 
 Splits that the source lacks are carved from the training images with a seeded,
 stratified `val_split`. Labels come from folder names (or the dataset's class names).
@@ -33,7 +33,7 @@ from torchvision import datasets
 from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
-from vit_hub.data.hub_datasets import is_dataset_folder, read_dataset
+from vit_hub.data.hub_datasets import HUB_PREFIX, dataset_folder, is_dataset_folder, read_dataset
 from vit_hub.errors import DataError
 from vit_hub.model.config import (CONV_STEMS, DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder,
                                   preset_fields, suggest_for_data)
@@ -101,8 +101,8 @@ def load_splits(data: str, data_root: str | None = None, val_split: float = 0.1,
         splits = _bundled_mnist()
     elif name in TORCHVISION_DATASETS and not Path(data).is_dir():
         splits = _torchvision_dataset(name, data_root)
-    elif is_dataset_folder(Path(data)):
-        splits = _hub_dataset(Path(data))
+    elif (folder := dataset_folder(data)) is not None:
+        splits = _hub_dataset(folder, data)
     else:
         splits = _image_folder(index or _list_folder(data), strict)
     if splits.val is None and val_split > 0:
@@ -120,7 +120,8 @@ def index_source(data: str) -> FolderIndex | None:
     """The file listing of `--data` when it names an image folder (None for mnist, the
     torchvision names and dataset folders, which need no listing): what rank 0 makes once and shares."""
     name = _source_name(data)
-    if name in ("mnist", *TORCHVISION_DATASETS) and not Path(data).is_dir() or is_dataset_folder(Path(data)):
+    if name in ("mnist", *TORCHVISION_DATASETS) and not Path(data).is_dir() or data.startswith(HUB_PREFIX) \
+            or is_dataset_folder(Path(data)):
         return None
     return _list_folder(data)
 
@@ -181,10 +182,11 @@ def _torchvision_dataset(name: str, data_root: str | None) -> DataSplits:
     return DataSplits(Split(train), None, Split(test), labels, f"{name} ({root})")
 
 
-def _hub_dataset(path: Path) -> DataSplits:
+def _hub_dataset(path: Path, data: str) -> DataSplits:
     parts, labels = read_dataset(path)
     val, test = (Split(parts[name]) if name in parts else None for name in ("val", "test"))
-    return DataSplits(Split(parts["train"]), val, test, labels, f"{path.name} (Hugging Face dataset)")
+    shown = data.removeprefix(HUB_PREFIX) if data.startswith(HUB_PREFIX) else path.name
+    return DataSplits(Split(parts["train"]), val, test, labels, f"{shown} (Hugging Face dataset)")
 
 
 def _image_folder(index: FolderIndex, strict: bool) -> DataSplits:

@@ -22,7 +22,8 @@ from urllib.parse import quote
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from vit_hub.errors import UserError
+from vit_hub.data.hub_datasets import hub_reference
+from vit_hub.errors import DataError, UserError
 from vit_hub.insight.views import NOT_SHOWN
 from vit_hub.layout import INSPECT_FIGURES, ModelDir
 from vit_hub.model.config import ViTConfig, size_text
@@ -46,14 +47,13 @@ def card_metadata(config: ViTConfig, metrics: dict[str, Any], model_name: str,
     """Hub metadata. Weights imported or fine-tuned from another model (`source`, source.json)
     carry that model's licence (none stated: no licence claimed) and name it as base_model."""
     settings = metrics.get("settings", {})
-    dataset = str(settings.get("data", "")).lower().replace("-", "").replace("_", "")
-    dataset_id = HUB_DATASETS.get(dataset)
+    dataset_id, revision = _dataset_id(str(settings.get("data", "")))
     final = metrics.get("final")
     results = None
     if final:
         results = [EvalResult(
             task_type="image-classification", dataset_type=dataset_id or "imagefolder",
-            dataset_name=dataset_id or "image folder", dataset_split=final["split"],
+            dataset_name=dataset_id or "image folder", dataset_split=final["split"], dataset_revision=revision,
             metric_type="accuracy", metric_value=round(final["accuracy"], 4),
         )]
     return ModelCardData(
@@ -63,6 +63,18 @@ def card_metadata(config: ViTConfig, metrics: dict[str, Any], model_name: str,
         tags=list(MODEL_TAGS),
         datasets=[dataset_id] if dataset_id else None, model_name=model_name, eval_results=results,
     )
+
+
+def _dataset_id(data: str) -> tuple[str | None, str | None]:
+    """(the Hub dataset id, its revision) of a run's --data: a hf://datasets/ reference, or a
+    dataset known by name (HUB_DATASETS); (None, None) for a folder."""
+    try:
+        reference = hub_reference(data)
+    except DataError:
+        reference = None
+    if reference:
+        return reference
+    return HUB_DATASETS.get(data.lower().replace("-", "").replace("_", "")), None
 
 
 def read_source_record(model_dir: Path) -> dict[str, Any] | None:
