@@ -90,7 +90,7 @@ class UploadClassifier:
         self.config.check_has_head("classify uploads")
         self.batch_size = batch_size
         threads = None if self.workers == 1 else max(1, cores // self.workers)  # one: onnxruntime's own choice
-        self._preprocessing = preprocessing_session(preprocessing_model(self.config), threads)
+        self._preprocessing = preprocessing_session(preprocessing_model(self.config), threads, arena=False)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="vit-hub-preprocess")
 
     @property
@@ -166,10 +166,11 @@ def refusal(error: Exception) -> str:
     return next((message for message in REFUSALS if message in text), ort_detail(error))
 
 
-def decoded_upload(source: str | Path | Image.Image) -> np.ndarray:
-    """An upload (a file, or an opened image) -> uint8 [height, width, channels], decoded as the
-    app decodes it: the size checked from the header, a JPEG over UPLOAD_MAX_PIXELS decoded
-    reduced, the EXIF orientation applied."""
+def decoded_upload(source: str | Path | bytes | Image.Image) -> np.ndarray:
+    """An upload (a file, its bytes as a server receives them, or an opened image) -> uint8
+    [height, width, channels], decoded as the app decodes it: the size checked from the header,
+    a JPEG over UPLOAD_MAX_PIXELS decoded reduced, the EXIF orientation applied; a file that is
+    not a readable image raises UserError in one line (`open_image`)."""
     image = source if isinstance(source, Image.Image) else open_image(source, max_pixels=UPLOAD_MAX_PIXELS)
     return decoded_pixels(load_image(image))
 

@@ -16,15 +16,16 @@ import pytest
 from onnx import helper, numpy_helper
 from PIL import Image
 
-from conftest import digit_on_paper
+from conftest import assert_one_line, digit_on_paper
 from vit_hub.export import batched_runtime, preprocess_graph, session
 from vit_hub.export.batched_runtime import BATCH_TOLERANCE, UploadClassifier, decoded_upload
-from vit_hub.export.pipeline_graph import (TOO_SMALL, WRONG_CHANNELS, decoded_pixels, preprocessing_graph,
-                                           verification_uploads)
+from vit_hub.export.pipeline_graph import (TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels,
+                                           preprocessing_graph, verification_uploads)
 from vit_hub.export.preprocess_graph import EXECUTION_PROVIDER, preprocessing_model, preprocessing_session
 from vit_hub.export.runtime import OnnxClassifier
 from vit_hub.export.session import CPU, CUDA
 from vit_hub.layout import GRAPH_INPUT, PIPELINE_INPUT, ExportLayout
+from vit_hub.errors import UserError
 from vit_hub.model.config import ViTConfig
 from vit_hub.processing.canonical import BLANK_IMAGE, NEARLY_BLANK, EmptyImageError
 from vit_hub.processing.postprocess import softmax
@@ -98,6 +99,34 @@ def test_a_lone_dark_pixel_on_white_is_refused_as_nearly_blank(server):
     pixels[150, 150] = 0
     (answer,) = server.classify([pixels])
     assert answer.probabilities is None and answer.refusal == NEARLY_BLANK
+
+
+def test_an_upload_over_16_megapixels_is_refused_by_name(server):
+    """The graph's own check (the largest upload pipeline.onnx takes), one pixel row over it."""
+    answers = server.classify([np.zeros((4001, 4000, 1), np.uint8), np.zeros((4000, 4000, 1), np.uint8)])
+    assert [answer.refusal for answer in answers] == [TOO_LARGE, BLANK_IMAGE]
+
+
+@pytest.mark.parametrize("workers, batch_size", [(0, 5), (2, 0), (2, -1)])
+def test_no_worker_or_an_empty_batch_is_refused_in_one_line(workers, batch_size):
+    with pytest.raises(UserError) as refused:
+        UploadClassifier(MODEL_DIR, providers="cpu", workers=workers, batch_size=batch_size)
+    assert_one_line(str(refused.value), "workers and batch_size: expected at least 1", f"{workers} and {batch_size}")
+
+
+@pytest.mark.parametrize("cores, workers, threads", [(8, 2, 4), (8, 3, 2), (8, 8, 1), (2, 4, 1), (8, 1, 0)],
+                         ids=["two workers", "three workers", "one core each", "more workers than cores",
+                              "one worker: onnxruntime's own choice"])
+def test_each_worker_gets_its_share_of_the_cores(monkeypatch, cores, workers, threads):
+    """Uploads preprocessed at once each get cores // workers of onnxruntime's threads, so
+    together they never ask for more threads than cores; one worker gets onnxruntime's default
+    (0), as pipeline.onnx does. The preprocessing keeps no CPU arena, which would hold the most
+    a 16-megapixel upload took for good."""
+    monkeypatch.setattr(batched_runtime, "available_cores", lambda: cores)
+    with UploadClassifier(MODEL_DIR, providers="cpu", workers=workers) as classifier:
+        options = classifier._preprocessing.get_session_options()
+        assert (classifier.workers, options.intra_op_num_threads) == (workers, threads)
+        assert not options.enable_cpu_mem_arena
 
 
 @pytest.mark.parametrize("image, error", [(np.zeros((40, 40, 3), np.float32), TypeError),
