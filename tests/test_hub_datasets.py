@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import CLASSES, TINY_TRAIN_FLAGS, assert_one_line, draw_example
-from vit_hub.data.sources import load_splits, targets_of
+from vit_hub.data.hub_datasets import HubImages
+from vit_hub.data.sources import Split, load_splits, targets_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = list(CLASSES)
@@ -168,3 +169,18 @@ def test_a_hub_dataset_that_is_not_there_offline_is_one_line(data, fragment, tmp
     done = train_offline(data, tmp_path / "model", tmp_path / "empty-cache")
     assert done.returncode != 0 and not (tmp_path / "model" / "model.safetensors").exists()
     assert_one_line(done.stderr.strip().splitlines()[-1].removeprefix("error: "), fragment)
+
+
+def test_an_image_that_names_a_file_is_never_opened(tmp_path):
+    """A dataset is untrusted: a row whose image is a path (here to a real PNG) and no bytes is
+    skipped as unreadable; the file it names is never read."""
+    elsewhere = tmp_path / "elsewhere.png"
+    rows(1, 0)["image"][0].save(elsewhere)
+    good = io.BytesIO()
+    rows(1, 1)["image"][1].save(good, format="PNG")
+    pointing = datasets.Dataset.from_dict(
+        {"image": [{"bytes": None, "path": str(elsewhere)}, {"bytes": good.getvalue(), "path": None}],
+         "label": [0, 1]},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=LABELS)}))
+    split = Split(HubImages(pointing, "image", "label"))  # in memory: save_to_disk would embed the file's bytes
+    assert [label for _, label in (split[0], split[1])] == [1, 1]

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vit_hub.errors import DataError
+from vit_hub.errors import DataError, UserError
+from vit_hub.processing.preprocess import open_image
 
 SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes at the top
 SHARD_SUFFIXES = (".parquet", ".arrow")
@@ -132,21 +133,35 @@ def _columns(path: Path, features: dict[str, Any]) -> tuple[str, str]:
 
 class HubImages:
     """One split's rows -> (PIL image, class index), decoded as they are read (a map-style
-    dataset, as torch's DataLoader takes one; this module imports no torch)."""
+    dataset, as torch's DataLoader takes one; this module imports no torch).
+
+    Each image is decoded from the bytes the dataset holds, as an uploaded file is
+    (`open_image`): its size checked from the header first, a large JPEG decoded at a reduced
+    scale where training asks for fewer pixels (`min_side`, as a folder's files are). An image
+    that names a file instead of holding its bytes is refused, never opened: a dataset is
+    untrusted, and its paths would lead anywhere on this machine."""
 
     def __init__(self, rows: Any, image: str, label: str):
-        self.rows, self.image, self.label = rows, image, label
+        import datasets
+
+        self.rows, self.image = rows.cast_column(image, datasets.Image(decode=False)), image
         self.targets = np.asarray(rows.data.column(label).to_numpy(), dtype=np.int64)  # no image decoded
 
     def __len__(self) -> int:
         return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
-        try:
-            image = self.rows[int(index)][self.image]
-            image.load()
-        except (OSError, ValueError, SyntaxError) as error:
-            from vit_hub.data.folders import UnreadableImage  # torch: the card reads this module without it
+        return self.read(index)
 
-            raise UnreadableImage(f"row {index}: {error}") from None
-        return image, int(self.targets[index])
+    def read(self, index: int, min_side: int | None = None) -> tuple[Image.Image, int]:
+        from vit_hub.data.folders import UnreadableImage  # torch: the card reads this module without it
+
+        shown = f"row {index}"
+        data = (self.rows[int(index)][self.image] or {}).get("bytes")
+        if not data:
+            raise UnreadableImage(f"{shown}: expected the image's bytes in the dataset, found none (a file path "
+                                  f"is never followed)")
+        try:
+            return open_image(data, shown, min_side=min_side), int(self.targets[index])
+        except UserError as error:
+            raise UnreadableImage(str(error)) from None

@@ -33,7 +33,7 @@ from torchvision import datasets
 from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
-from vit_hub.data.hub_datasets import HUB_PREFIX, dataset_folder, is_dataset_folder, read_dataset
+from vit_hub.data.hub_datasets import HUB_PREFIX, HubImages, dataset_folder, is_dataset_folder, read_dataset
 from vit_hub.errors import DataError
 from vit_hub.model.config import (CONV_STEMS, DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder,
                                   preset_fields, suggest_for_data)
@@ -208,14 +208,14 @@ class Split(Subset):
         return self.read(index)
 
     def read(self, index: int, min_side: int | None = None):
-        """Item `index`; of a folder, a large JPEG may decode at a reduced scale that keeps
-        `min_side` pixels on its shorter side (`FolderImages.read`; training reads)."""
+        """Item `index`; of a folder or a dataset, a large JPEG may decode at a reduced scale that
+        keeps `min_side` pixels on its shorter side (`FolderImages.read`, `HubImages.read`; training reads)."""
         if not -len(self.indices) <= index < len(self.indices):
             raise IndexError(f"index {index} out of range for a split of {len(self.indices)} images")
         for step in range(len(self.indices)):
             position = self.indices[(index + step) % len(self.indices)]
             try:
-                if isinstance(self.dataset, FolderImages):
+                if isinstance(self.dataset, (FolderImages, HubImages)):
                     return self.dataset.read(position, min_side)
                 return self.dataset[position]
             except UnreadableImage:
