@@ -95,6 +95,23 @@ def test_vit_hub_predict_says_one_line(name, tmp_path, capsys):
     assert_one_line(stderr.removeprefix("error: "), f"{path} is not a readable image")
 
 
+def test_the_app_says_one_line(tmp_path, monkeypatch):
+    """The app's reading of an upload (read_upload: open_image on Gradio's copy of the file)."""
+    import gradio as gr
+    from gradio.utils import get_upload_folder
+
+    from vit_hub.demo.uploads import read_upload
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    folder = Path(get_upload_folder()) / "3f2a"
+    folder.mkdir(parents=True)
+    for name, data in CASES.items():
+        (folder / "upload.png").write_bytes(data)
+        with pytest.raises(gr.Error) as refused:
+            read_upload({"path": str(folder / "upload.png"), "orig_name": "notes.png"})
+        assert_one_line(refused.value.message, "notes.png is not a readable image"), name
+
+
 def test_an_unreadable_exif_block_is_read_as_no_orientation(tmp_path):
     """A PNG whose eXIf chunk is no TIFF structure (Pillow raised SyntaxError reading it) is
     the digit as stored, answered like the digit itself."""
