@@ -102,7 +102,8 @@ class Batcher:
         return answer
 
     def start(self) -> None:
-        threading.Thread(target=self._serve, daemon=True, name="batcher").start()
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="batcher")
+        self.thread.start()
 
     def _serve(self) -> None:
         while True:

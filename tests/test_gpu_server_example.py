@@ -84,17 +84,13 @@ def running(batch: int = 8, wait_ms: float = 50, queue_limit: int | None = None,
     serving.start()
     try:
         yield server
-        assert batcher_alive(), "the batcher thread died"
+        assert server.batcher.thread.is_alive(), "the batcher thread died"
     finally:
         server.shutdown()
         serving.join(timeout=60)
         for logger in loggers:
             logger.removeHandler(log)
     assert log.problems() == []
-
-
-def batcher_alive() -> bool:
-    return any(thread.name == "batcher" and thread.is_alive() for thread in threading.enumerate())
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +193,7 @@ def test_the_batcher_outlives_a_failed_run_and_a_cancelled_request():
         assert_one_line(str(failed.value), "on a batch of 2 (RuntimeError: CUDA failure: out of memory)")
     assert kept.result(timeout=60)[0] == 1 and batcher.sizes == [1]
     later = batcher.submit(np.full((1, 1, 2, 2), 2, np.float32))
-    assert later.result(timeout=60)[0] == 2 and batcher_alive()
+    assert later.result(timeout=60)[0] == 2 and batcher.thread.is_alive()
 
 
 @pytest.mark.parametrize("batch, wait_ms", [(0, 5), (4, float("inf")), (4, float("nan")), (4, -1)])
@@ -289,6 +285,22 @@ def test_malformed_http_gets_400_and_the_server_goes_on(server):
     status, body = post(server, b"", headers={"Content-Length": "0"})
     assert status == 400 and assert_one_line(body["error"], "found an empty body")
     assert post(server, DIGIT)[1]["label"] == "7"
+
+
+def test_a_failed_network_run_is_500_for_its_requests_and_the_server_goes_on(server, monkeypatch):
+    network = server.classifier.probabilities
+    runs = []
+
+    def failing_once(pixel_values: np.ndarray) -> np.ndarray:
+        runs.append(len(pixel_values))
+        if len(runs) == 1:
+            raise RuntimeError("CUDA failure: out of memory")
+        return network(pixel_values)
+
+    monkeypatch.setattr(server.classifier, "probabilities", failing_once)
+    status, body = post(server, DIGIT)
+    assert status == 500 and assert_one_line(body["error"], "(RuntimeError: CUDA failure: out of memory)")
+    assert post(server, DIGIT)[1]["label"] == "7" and len(runs) == 2
 
 
 def test_a_client_gone_before_its_answer_leaves_no_traceback(server, capfd):
