@@ -36,7 +36,7 @@ SHARD_SUFFIXES = (".parquet", ".arrow")
 SPLITS = {"train": "train", "validation": "val", "valid": "val", "val": "val", "test": "test"}
 INSTALL = "pip install 'vit-hub[datasets]'"
 HUB_PREFIX = "hf://datasets/"
-HUB_FILES = ["*.parquet", "*.arrow", "*.json", "README.md"]  # what a dataset repo's snapshot needs here
+HUB_FILES = ["*.parquet", "*.arrow", "*.json", "*.md"]  # what a dataset repo's snapshot needs here: shards, card
 
 
 def dataset_folder(data: str) -> Path | None:
