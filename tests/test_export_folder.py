@@ -45,7 +45,7 @@ def run_export(*argv) -> subprocess.CompletedProcess:
 
 
 def test_a_folder_of_a_persons_files_is_refused_through_the_command_and_left_as_it_was(model_dir, tmp_path):
-    """The issue's reproduction: their config.json, a model_int8.onnx of theirs, their folders
+    """A folder of a person's files: their config.json, a model_int8.onnx of theirs, their folders
     .export-notes and .export-12345: one line, exit non-zero, every byte as it was."""
     person = tmp_path / "P"
     (person / ".export-notes").mkdir(parents=True)
