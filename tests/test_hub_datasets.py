@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from conftest import CLASSES, TINY_TRAIN_FLAGS, assert_one_line, draw_example
-from vit_hub.data.hub_datasets import HubImages
+from vit_hub.data.hub_datasets import DatasetOptions, HubImages
+from vit_hub.errors import DataError
+from vit_hub.model.config import ViTConfig
 from vit_hub.data.sources import Split, load_splits, targets_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,10 +148,10 @@ def filled_cache(hub_layout: Path, cache: Path, repo_id: str, commit: str = "0" 
     return cache
 
 
-def train_offline(data: str, out: Path, cache: Path) -> subprocess.CompletedProcess:
+def train_offline(data: str, out: Path, cache: Path, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "vit_hub", "train", "--data", data, "--out", str(out), "--epochs", "1",
-                           *TINY_TRAIN_FLAGS], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+                           *TINY_TRAIN_FLAGS, *flags], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
 
 
 def test_a_hub_dataset_id_trains_from_the_cache_offline_and_the_card_names_it(hub_layout, tmp_path):
@@ -184,3 +186,85 @@ def test_an_image_that_names_a_file_is_never_opened(tmp_path):
         features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=LABELS)}))
     split = Split(HubImages(pointing, "image", "label"))  # in memory: save_to_disk would embed the file's bytes
     assert [label for _, label in (split[0], split[1])] == [1, 1]
+
+
+# Configs and columns named by flags ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def two_configs(splits, tmp_path_factory) -> Path:
+    """A dataset with two configs, each in a folder of its own, as push_to_hub(config_name=...) writes them."""
+    folder = tmp_path_factory.mktemp("configs") / "shapes"
+    for config, rows_kept in (("small", 8), ("full", 32)):
+        (folder / config).mkdir(parents=True)
+        splits["train"].select(range(rows_kept)).to_parquet(str(folder / config / "train-00000-of-00001.parquet"))
+        splits["test"].to_parquet(str(folder / config / "test-00000-of-00001.parquet"))
+    (folder / "README.md").write_text("# shapes, two configs\n")
+    return folder
+
+
+def test_a_config_is_picked_by_data_config_and_one_is_needed_where_there_are_several(two_configs):
+    small = load_splits(str(two_configs), val_split=0, options=DatasetOptions(config="small"))
+    full = load_splits(str(two_configs), val_split=0, options=DatasetOptions(config="full"))
+    assert (len(small.train), len(full.train)) == (8, 32) and small.labels == LABELS
+    with pytest.raises(DataError) as refused:
+        load_splits(str(two_configs))
+    assert_one_line(str(refused.value), "its configs: full, small (give one with --data-config)")
+    with pytest.raises(DataError) as refused:
+        load_splits(str(two_configs), options=DatasetOptions(config="huge"))
+    assert_one_line(str(refused.value), "expected a config folder huge/", "its configs: full, small")
+    with pytest.raises(DataError) as refused:
+        DatasetOptions(config="../elsewhere")
+    assert_one_line(str(refused.value), "--data-config '../elsewhere': expected a config's name")
+
+
+@pytest.fixture(scope="module")
+def two_image_columns(tmp_path_factory) -> Path:
+    """Two Image columns, a ClassLabel and a plain integer column: the features alone do not tell."""
+    made = rows(4, 2)
+    kinds = datasets.Features({"photo": datasets.Image(), "mask": datasets.Image(),
+                               "kind": datasets.ClassLabel(names=LABELS), "count": datasets.Value("int64")})
+    folder = tmp_path_factory.mktemp("columns") / "photos"
+    datasets.Dataset.from_dict({"photo": made["image"], "mask": made["image"][::-1], "kind": made["label"],
+                                "count": made["label"]}, features=kinds).save_to_disk(str(folder))
+    return folder
+
+
+def test_image_and_label_columns_named_by_flags(two_image_columns):
+    with pytest.raises(DataError) as refused:
+        load_splits(str(two_image_columns), val_split=0)
+    assert_one_line(str(refused.value), "or --image-column / --label-column naming them", "mask (Image)")
+    photos = load_splits(str(two_image_columns), val_split=0, options=DatasetOptions(image_column="photo"))
+    masks = load_splits(str(two_image_columns), val_split=0,
+                        options=DatasetOptions(image_column="mask", label_column="kind"))
+    assert photos.labels == LABELS and len(photos.train) == 8
+    assert np.array_equal(np.asarray(photos.train[0][0]), np.asarray(masks.train[7][0]))
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (DatasetOptions(image_column="kind"), "--image-column kind: expected an Image feature, found ClassLabel"),
+    (DatasetOptions(image_column="photo", label_column="count"),
+     "--label-column count: expected a ClassLabel, which names the classes, found Value"),
+    (DatasetOptions(image_column="picture"), "--image-column picture: expected a column of --data photos, found photo"),
+])
+def test_a_column_of_the_wrong_kind_is_refused_in_one_line(two_image_columns, options, fragment):
+    with pytest.raises(DataError) as refused:
+        load_splits(str(two_image_columns), val_split=0, options=options)
+    assert_one_line(str(refused.value), fragment)
+
+
+def test_dataset_flags_with_an_image_folder_are_refused_in_one_line(image_folder):
+    with pytest.raises(DataError) as refused:
+        load_splits(str(image_folder), options=DatasetOptions(image_column="image"))
+    assert_one_line(str(refused.value), "--image-column image: expected --data to be a Hugging Face dataset")
+
+
+def test_a_config_of_a_hub_dataset_trains_offline_and_the_card_names_a_local_dataset_by_its_folder(
+        two_configs, hub_layout, tmp_path):
+    cache = filled_cache(two_configs, tmp_path / "cache", "someone/configs")
+    done = train_offline("hf://datasets/someone/configs", tmp_path / "model", cache, "--data-config", "small")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "model" / "metrics.json").read_text())["settings"]["data_config"] == "small"
+    from vit_hub.hub.card import card_metadata
+    config = ViTConfig.from_dict(json.loads((tmp_path / "model" / "config.json").read_text()))
+    local = card_metadata(config, {"settings": {"data": str(hub_layout)},
+                                                                  "final": {"split": "test", "accuracy": 0.5}}, "m")
+    assert (local.eval_results[0].dataset_name, local.eval_results[0].dataset_type) == ("shapes", "parquet")

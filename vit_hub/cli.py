@@ -29,8 +29,9 @@ def data_help(what: str) -> str:
     from vit_hub.data.choices import TORCHVISION_DATASETS
 
     return (f"{what}: an image folder (FOLDER/CLASS/IMAGE, or FOLDER/train/ beside test/ and/or val/), "
-            f"'mnist' (the bundled copy, offline) or a torchvision dataset ({', '.join(TORCHVISION_DATASETS)}) "
-            f"whose files are already under --data-root")
+            f"a Hugging Face dataset (hf://datasets/OWNER/NAME[@REVISION], a folder of its parquet shards or "
+            f"one save_to_disk wrote), 'mnist' (the bundled copy, offline) or a torchvision dataset "
+            f"({', '.join(TORCHVISION_DATASETS)}) whose files are already under --data-root")
 
 
 def preset_help() -> str:
@@ -90,6 +91,9 @@ def _add_eval(commands) -> None:
     evaluate.add_argument("--data", required=True,
                           help=data_help("images to evaluate on, with the model's labels"))
     evaluate.add_argument("--data-root", help=DATA_ROOT_HELP)
+    from vit_hub.train.settings import TrainSettings
+
+    add_field_flags(evaluate, TrainSettings, ("data_config", "image_column", "label_column"))
     evaluate.add_argument("--split", choices=("train", "val", "test"),
                           help="split to evaluate (default: test when the data has one, as mnist and a folder "
                                "with test/ do, else val)")
@@ -226,7 +230,8 @@ def run_train(args: argparse.Namespace) -> None:
         settings = TrainSettings(data="", out=args.out)
         flags = {name: value for name, value in _given_settings(args).items() if name != "out"}
     elif args.data is None:
-        raise UserError("train: expected --data (an image folder, 'mnist' or a torchvision name), got none")
+        raise UserError("train: expected --data (an image folder, a Hugging Face dataset, 'mnist' or a "
+                        "torchvision name), got none")
     else:
         settings, flags = _settings(args), None
         check_settings(settings)  # a flag that cannot train is refused before torch loads
@@ -243,7 +248,10 @@ def run_eval(args: argparse.Namespace) -> None:
     from vit_hub.train.evaluation import evaluate
 
     model = load_model(args.model)
-    splits = load_splits(args.data, args.data_root, args.val_split, args.seed)
+    from vit_hub.data.hub_datasets import DatasetOptions
+
+    options = DatasetOptions(args.data_config, args.image_column, args.label_column)
+    splits = load_splits(args.data, args.data_root, args.val_split, args.seed, options=options)
     if splits.labels != model.config.labels:
         raise UserError(f"the data's labels {splits.labels[:10]} do not match the model's {model.config.labels[:10]}")
     split = args.split or ("test" if splits.test is not None else "val")

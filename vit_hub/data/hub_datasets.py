@@ -11,9 +11,14 @@ A dataset on the Hub is named `hf://datasets/OWNER/NAME` (`@REVISION` after it p
 tag or commit): its parquet shards are fetched into the Hugging Face cache (huggingface_hub's
 snapshot_download), or found there with HF_HUB_OFFLINE=1, and read as a folder in the Hub's layout.
 
+A dataset with several configs keeps each in a folder of its own (`CONFIG/train-*.parquet`,
+as push_to_hub writes one with `config_name`); `--data-config CONFIG` picks one (a flag of its
+own, as `load_dataset(name, config)` takes it: a Hub path has no place for a config).
+
 The images are the one column whose feature is an `Image`, the labels the one that is a
-`ClassLabel`, whose names are the classes; a dataset with no such column, or several, is
-refused in one line naming the columns it has. The splits map as a folder's do: `train`,
+`ClassLabel`, whose names are the classes; `--image-column` and `--label-column` name them
+when the features alone do not tell. A dataset with no such column, or several and none
+named, or a named column of another kind, is refused in one line naming the columns it has. The splits map as a folder's do: `train`,
 `validation` (or `valid`, `val`) as val, `test`. Rows are decoded one at a time as training
 reads them, as a folder's files are; an image that does not decode is skipped as a folder's
 unreadable file is.
@@ -21,6 +26,7 @@ unreadable file is.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -39,11 +45,31 @@ HUB_PREFIX = "hf://datasets/"
 HUB_FILES = ["*.parquet", "*.arrow", "*.json", "*.md"]  # what a dataset repo's snapshot needs here: shards, card
 
 
-def dataset_folder(data: str) -> Path | None:
-    """The folder `--data` names when it is a dataset (a Hub one fetched into the cache first),
-    else None (an image folder, mnist, a torchvision name)."""
+@dataclasses.dataclass(frozen=True)
+class DatasetOptions:
+    """What `--data-config`, `--image-column` and `--label-column` say of a dataset (None: the
+    default config, the column found from the features)."""
+
+    config: str | None = None
+    image_column: str | None = None
+    label_column: str | None = None
+
+    def __post_init__(self):
+        if self.config is not None and not re.fullmatch(r"[\w-][\w.-]*", self.config):
+            raise DataError(f"--data-config {self.config!r}: expected a config's name (letters, digits, - _ .), "
+                            f"found other characters")
+
+    def given(self) -> list[str]:
+        """The flags given, as typed: a source that is not a dataset refuses them."""
+        return [f"--{name.replace('_', '-')} {value}".replace("--config", "--data-config")
+                for name, value in dataclasses.asdict(self).items() if value is not None]
+
+
+def dataset_folder(data: str, config: str | None = None) -> Path | None:
+    """The folder `--data` names when it is a dataset (a Hub one fetched into the cache first,
+    only `config`'s shards where one is named), else None (an image folder, mnist, a torchvision name)."""
     if data.startswith(HUB_PREFIX):
-        return _snapshot(data)
+        return _snapshot(data, config)
     return Path(data) if is_dataset_folder(Path(data)) else None
 
 
@@ -57,12 +83,13 @@ def hub_reference(data: str) -> tuple[str, str | None] | None:
     return repo_id, revision or None
 
 
-def _snapshot(data: str) -> Path:
+def _snapshot(data: str, config: str | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
     repo_id, revision = hub_reference(data)
+    patterns = HUB_FILES if config is None else [f"{config}/{pattern}" for pattern in HUB_FILES] + ["*.md"]
     try:
-        return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=HUB_FILES))
+        return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=patterns))
     except Exception as error:  # noqa: BLE001 - offline, missing, gated: huggingface_hub raises many kinds
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         raise DataError(f"--data {data}: expected the Hub dataset {repo_id} (in the cache when HF_HUB_OFFLINE=1), "
@@ -71,13 +98,21 @@ def _snapshot(data: str) -> Path:
 
 def is_dataset_folder(path: Path) -> bool:
     """Whether `path` is a dataset folder this module reads (rather than a folder of images)."""
-    return path.is_dir() and (any((path / name).is_file() for name in SAVED_MARKERS) or bool(_shards(path)))
+    return path.is_dir() and (any((path / name).is_file() for name in SAVED_MARKERS) or bool(_shards(path))
+                              or bool(configs_of(path)))
 
 
-def _shards(path: Path) -> dict[str, list[Path]]:
-    """{split name: its shard files} of a folder in the Hub's layout (top level or data/)."""
+def configs_of(path: Path) -> list[str]:
+    """The configs of a folder in the Hub's layout: its subfolders (but data/) holding split shards."""
+    return [folder.name for folder in sorted(path.iterdir()) if folder.is_dir() and not folder.is_symlink()
+            and folder.name != "data" and _shards(path, folder.name)] if path.is_dir() else []
+
+
+def _shards(path: Path, config: str | None = None) -> dict[str, list[Path]]:
+    """{split name: its shard files} of a folder in the Hub's layout (top level or data/, or
+    the config's folder)."""
     found: dict[str, list[Path]] = {}
-    for folder in (path, path / "data"):
+    for folder in (path, path / "data") if config is None else (path / config,):
         for shard in sorted(folder.glob("*")) if folder.is_dir() else []:
             split = shard.name.split("-", 1)[0].split(".", 1)[0]
             if shard.suffix in SHARD_SUFFIXES and shard.is_file() and not shard.is_symlink() and split in SPLITS:
@@ -85,9 +120,9 @@ def _shards(path: Path) -> dict[str, list[Path]]:
     return found
 
 
-def read_dataset(path: Path) -> tuple[dict[str, "HubImages"], list[str]]:
+def read_dataset(path: Path, options: DatasetOptions = DatasetOptions()) -> tuple[dict[str, HubImages], list[str]]:
     """The dataset folder at `path` -> ({"train"/"val"/"test": its rows}, the class names)."""
-    loaded = _load(path)
+    loaded = _load(path, options.config)
     parts = {}
     for name, split in loaded.items():
         ours = SPLITS.get(name)
@@ -97,37 +132,63 @@ def read_dataset(path: Path) -> tuple[dict[str, "HubImages"], list[str]]:
         parts[ours] = split
     if "train" not in parts:
         raise DataError(f"--data {path.name}: expected a 'train' split, found {', '.join(sorted(loaded))}")
-    image, label = _columns(path, parts["train"].features)
+    image, label = _columns(path, parts["train"].features, options)
     labels = [str(name) for name in parts["train"].features[label].names]
     if len(labels) < 2:
         raise DataError(f"--data {path.name}: expected at least two classes in {label!r}, found {labels}")
     return {name: HubImages(split, image, label) for name, split in parts.items()}, labels
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(path: Path, config: str | None = None) -> dict[str, Any]:
     try:
         import datasets
     except ImportError:
         raise DataError(f"--data {path.name} is a Hugging Face dataset: expected the datasets library, found it "
                         f"not installed ({INSTALL})") from None
     if any((path / name).is_file() for name in SAVED_MARKERS):
+        if config is not None:
+            raise DataError(f"--data-config {config}: expected a dataset with configs, found {path.name}, "
+                            f"which save_to_disk wrote (one config); give no --data-config")
         loaded = datasets.load_from_disk(str(path))
         return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-    files = {split: [str(shard) for shard in shards] for split, shards in _shards(path).items()}
+    files = {split: [str(shard) for shard in shards] for split, shards in shard_files(path, config).items()}
     builder = "parquet" if next(iter(files.values()))[0].endswith(".parquet") else "arrow"
     return dict(datasets.load_dataset(builder, data_files=files))
 
 
-def _columns(path: Path, features: dict[str, Any]) -> tuple[str, str]:
-    """(the image column, the label column) of a split's features."""
+def shard_files(path: Path, config: str | None = None) -> dict[str, list[Path]]:
+    """{split: shards} of `config` (None: the default one) of a folder in the Hub's layout;
+    a config it lacks, or none named where it has several, is refused naming those it has."""
+    found, configs = _shards(path, config), configs_of(path)
+    if not found:
+        expected = f"a config folder {config}/ of split shards" if config else "split shards at the top or in data/"
+        named = f"its configs: {', '.join(configs)} (give one with --data-config)" if configs else "no configs"
+        raise DataError(f"--data {path.name}: expected {expected}, found {named}")
+    return found
+
+
+def _columns(path: Path, features: dict[str, Any], options: DatasetOptions = DatasetOptions()) -> tuple[str, str]:
+    """(the image column, the label column) of a split's features: those named, else the one of
+    each kind (Image, ClassLabel)."""
     import datasets
 
-    images = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
-    labels = [name for name, feature in features.items() if isinstance(feature, datasets.ClassLabel)]
+    found = ", ".join(f"{name} ({type(feature).__name__})" for name, feature in features.items())
+    chosen = []
+    for flag, name, kind, what in (("--image-column", options.image_column, datasets.Image, "an Image feature"),
+                                   ("--label-column", options.label_column, datasets.ClassLabel,
+                                    "a ClassLabel, which names the classes")):
+        if name is not None and name not in features:
+            raise DataError(f"{flag} {name}: expected a column of --data {path.name}, found {found}")
+        if name is not None and not isinstance(features[name], kind):
+            raise DataError(f"{flag} {name}: expected {what}, found {type(features[name]).__name__} "
+                            f"(columns: {found})")
+        chosen.append([name] if name else [column for column, feature in features.items()
+                                           if isinstance(feature, kind)])
+    images, labels = chosen
     if len(images) != 1 or len(labels) != 1:
-        found = ", ".join(f"{name} ({type(feature).__name__})" for name, feature in features.items())
         raise DataError(f"--data {path.name}: expected one image column (an Image feature) and one label column "
-                        f"(a ClassLabel, which names the classes), found {found}")
+                        f"(a ClassLabel, which names the classes), or --image-column / --label-column naming "
+                        f"them, found {found}")
     return images[0], labels[0]
 
 

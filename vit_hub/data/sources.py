@@ -33,7 +33,8 @@ from torchvision import datasets
 from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
-from vit_hub.data.hub_datasets import HUB_PREFIX, HubImages, dataset_folder, is_dataset_folder, read_dataset
+from vit_hub.data.hub_datasets import (HUB_PREFIX, DatasetOptions, HubImages, dataset_folder, is_dataset_folder,
+                                       read_dataset)
 from vit_hub.errors import DataError
 from vit_hub.model.config import (CONV_STEMS, DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder,
                                   preset_fields, suggest_for_data)
@@ -90,10 +91,11 @@ def skipped_report(paths: list[str]) -> str | None:
 
 # Sources ---------------------------------------------------------------------------
 def load_splits(data: str, data_root: str | None = None, val_split: float = 0.1, seed: int = 0,
-                strict: bool = False, index: FolderIndex | None = None) -> DataSplits:
+                strict: bool = False, index: FolderIndex | None = None,
+                options: DatasetOptions = DatasetOptions()) -> DataSplits:
     """Resolve `--data` into train/val/test datasets (see the module docstring). A folder is
     listed, not read (`index_source`); `index` is that listing when it was made elsewhere
-    (under torchrun, by rank 0 for every process)."""
+    (under torchrun, by rank 0 for every process). `options`: a dataset's config and columns."""
     if not 0.0 <= val_split < 1.0:
         raise DataError(f"--val-split: expected a fraction in [0, 1), got {val_split}")
     name = _source_name(data)
@@ -101,10 +103,13 @@ def load_splits(data: str, data_root: str | None = None, val_split: float = 0.1,
         splits = _bundled_mnist()
     elif name in TORCHVISION_DATASETS and not Path(data).is_dir():
         splits = _torchvision_dataset(name, data_root)
-    elif (folder := dataset_folder(data)) is not None:
-        splits = _hub_dataset(folder, data)
+    elif (folder := dataset_folder(data, options.config)) is not None:
+        splits = _hub_dataset(folder, data, options)
     else:
         splits = _image_folder(index or _list_folder(data), strict)
+    if options.given() and not isinstance(getattr(splits.train, "dataset", None), HubImages):
+        raise DataError(f"{' '.join(options.given())}: expected --data to be a Hugging Face dataset, found "
+                        f"{splits.source}")
     if splits.val is None and val_split > 0:
         splits.train, splits.val = stratified_split(splits.train, val_split, seed)
     elif splits.val is None:
@@ -182,8 +187,8 @@ def _torchvision_dataset(name: str, data_root: str | None) -> DataSplits:
     return DataSplits(Split(train), None, Split(test), labels, f"{name} ({root})")
 
 
-def _hub_dataset(path: Path, data: str) -> DataSplits:
-    parts, labels = read_dataset(path)
+def _hub_dataset(path: Path, data: str, options: DatasetOptions) -> DataSplits:
+    parts, labels = read_dataset(path, options)
     val, test = (Split(parts[name]) if name in parts else None for name in ("val", "test"))
     shown = data.removeprefix(HUB_PREFIX) if data.startswith(HUB_PREFIX) else path.name
     return DataSplits(Split(parts["train"]), val, test, labels, f"{shown} (Hugging Face dataset)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from urllib.parse import quote
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from vit_hub.data.hub_datasets import hub_reference
+from vit_hub.data.hub_datasets import hub_reference, is_dataset_folder
 from vit_hub.errors import DataError, UserError
 from vit_hub.insight.views import NOT_SHOWN
 from vit_hub.layout import INSPECT_FIGURES, ModelDir
@@ -48,12 +49,13 @@ def card_metadata(config: ViTConfig, metrics: dict[str, Any], model_name: str,
     carry that model's licence (none stated: no licence claimed) and name it as base_model."""
     settings = metrics.get("settings", {})
     dataset_id, revision = _dataset_id(str(settings.get("data", "")))
+    kind, name = (dataset_id, dataset_id) if dataset_id else _local_dataset(str(settings.get("data", "")))
     final = metrics.get("final")
     results = None
     if final:
         results = [EvalResult(
-            task_type="image-classification", dataset_type=dataset_id or "imagefolder",
-            dataset_name=dataset_id or "image folder", dataset_split=final["split"], dataset_revision=revision,
+            task_type="image-classification", dataset_type=kind,
+            dataset_name=name, dataset_split=final["split"], dataset_revision=revision,
             metric_type="accuracy", metric_value=round(final["accuracy"], 4),
         )]
     return ModelCardData(
@@ -75,6 +77,17 @@ def _dataset_id(data: str) -> tuple[str | None, str | None]:
     if reference:
         return reference
     return HUB_DATASETS.get(data.lower().replace("-", "").replace("_", "")), None
+
+
+def _local_dataset(data: str) -> tuple[str, str]:
+    """(its format, its name) of a --data with no Hub id: a Hugging Face dataset folder's
+    builder (parquet, arrow) or imagefolder, and the folder's own name (as the run gave it:
+    the card says the same where it is pushed from another machine)."""
+    name = os.path.basename(os.path.normpath(data)) if data else ""
+    kind = "imagefolder"
+    if data and is_dataset_folder(Path(data)):
+        kind = "arrow" if any(Path(data).glob("**/*.arrow")) else "parquet"
+    return kind, name if name not in ("", ".", "..") else "image folder"
 
 
 def read_source_record(model_dir: Path) -> dict[str, Any] | None:

@@ -87,7 +87,7 @@ def build_trainer(settings: TrainSettings, runtime: Runtime, state: dict[str, An
     # Files are checked as they are read, so start-up does not grow with the size of the data.
     index = from_main(runtime, lambda: vdata.index_source(settings.data))
     splits = vdata.load_splits(settings.data, settings.data_root, settings.val_split, settings.seed,
-                               settings.strict, index=index)
+                               settings.strict, index=index, options=settings.dataset_options())
     data_stats, config = _choose_config(settings, splits, runtime, start, state)
     small_photos = data_stats is not None and data_stats.is_small_photo_folder
     schedule = plan_schedule(settings, len(splits.train), runtime.world_size, small_photos)

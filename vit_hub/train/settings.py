@@ -20,6 +20,7 @@ from typing import Any
 
 from vit_hub.console import escaped
 from vit_hub.data.choices import AUGMENTATIONS
+from vit_hub.data.hub_datasets import DatasetOptions
 from vit_hub.errors import UserError
 from vit_hub.layout import ModelDir
 from vit_hub.model.config import PRESETS, ViTConfig
@@ -50,9 +51,14 @@ class TrainSettings:
     `vit-hub train` has one flag per field (cli.py builds them from this class).
 
     Args:
-        data: image folder, 'mnist' (bundled) or a torchvision name (cli.data_help lists them).
+        data: image folder, Hugging Face dataset, 'mnist' (bundled) or a torchvision name (cli.data_help
+            lists them).
         out: model dir to write.
         data_root: where torchvision datasets' files are (default: VIT_HUB_DATA_ROOT, else ./data).
+        data_config: the config of a Hugging Face dataset that has several (its CONFIG/ folder of shards);
+            default: its only one.
+        image_column: a Hugging Face dataset's column of images; default: its one Image feature.
+        label_column: a Hugging Face dataset's column of classes; default: its one ClassLabel.
         preset: architecture preset; default: chosen from the data.
         model: overrides of the ViTConfig fields in MODEL_FIELDS (the preset's or the data's choice).
         epochs: passes over the training images; default: about 200k images seen, 10 to 200 epochs.
@@ -83,6 +89,9 @@ class TrainSettings:
     data: str
     out: str
     data_root: str | None = None
+    data_config: str | None = None
+    image_column: str | None = None
+    label_column: str | None = None
     preset: str | None = one_of(None, tuple(PRESETS))
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     epochs: int | None = None
@@ -101,6 +110,10 @@ class TrainSettings:
     device: str = "auto"
     command: str = ""
     init: str | None = None
+
+    def dataset_options(self) -> DatasetOptions:
+        """The config and columns of a Hugging Face dataset, as `load_splits` takes them."""
+        return DatasetOptions(self.data_config, self.image_column, self.label_column)
 
 
 def check_settings(settings: TrainSettings) -> None:
@@ -123,6 +136,7 @@ def check_settings(settings: TrainSettings) -> None:
     for flag, value, ok, expected in checks:
         if not ok:
             raise TrainingError(f"{flag}: expected {expected}, got {value}")
+    settings.dataset_options()  # a --data-config that names no folder is refused here
     for field in dataclasses.fields(settings):  # those declared `one_of` some choices: --preset, --augment
         choices, value = field.metadata.get("choices"), getattr(settings, field.name)
         if choices is not None and value is not None and value not in choices:
