@@ -17,12 +17,14 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from conftest import CLASSES, TINY_TRAIN_FLAGS, assert_one_line, draw_example
 from vit_hub.data.hub_datasets import DatasetOptions, HubImages
+from vit_hub.data.sources import Split, load_splits, targets_of
 from vit_hub.errors import DataError
 from vit_hub.model.config import ViTConfig
-from vit_hub.data.sources import Split, load_splits, targets_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = list(CLASSES)
@@ -268,3 +270,28 @@ def test_a_config_of_a_hub_dataset_trains_offline_and_the_card_names_a_local_dat
     local = card_metadata(config, {"settings": {"data": str(hub_layout)},
                                                                   "final": {"split": "test", "accuracy": 0.5}}, "m")
     assert (local.eval_results[0].dataset_name, local.eval_results[0].dataset_type) == ("shapes", "parquet")
+
+
+@pytest.mark.slow
+def test_the_same_images_as_a_folder_and_as_a_dataset_train_the_same_model(saved, tmp_path):
+    """Rows in class order written as class folders whose file names sort as the rows do: sample i
+    is the same image in both, so the seeded validation split, the order of every epoch and each
+    sample's augmentation (seed, epoch, index) are the same, and so is every weight."""
+    folder = tmp_path / "folder"
+    for part in ("train", "test"):
+        for index, row in enumerate(datasets.load_from_disk(str(saved))[part]):
+            target = folder / part / LABELS[row["label"]] / f"{index:03d}.png"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            row["image"].save(target)
+    trained = {}
+    for name, data in (("folder", folder), ("dataset", saved)):
+        done = subprocess.run([sys.executable, "-m", "vit_hub", "train", "--data", str(data), "--out",
+                               str(tmp_path / f"{name}-model"), "--epochs", "2", *TINY_TRAIN_FLAGS, "--augment", "photos"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        trained[name] = (load_file(str(tmp_path / f"{name}-model" / "model.safetensors")),
+                         json.loads((tmp_path / f"{name}-model" / "metrics.json").read_text())["final"])
+    (folder_weights, folder_final), (dataset_weights, dataset_final) = trained["folder"], trained["dataset"]
+    assert sorted(folder_weights) == sorted(dataset_weights)
+    assert all(torch.equal(folder_weights[name], dataset_weights[name]) for name in folder_weights)
+    assert folder_final["accuracy"] == dataset_final["accuracy"] and folder_final["n"] == dataset_final["n"] == 12
