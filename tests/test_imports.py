@@ -26,7 +26,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
               "model.flops"),
     "processing": ("processing", "processing.canonical", "processing.preprocess", "processing.postprocess"),
     "explain": ("explain", "explain.rollout", "explain.blanking", "explain.gradients", "explain.attribution",
-                "explain.run"),
+                "explain.run", "explain.opening"),
     "data": ("data", "data.choices", "data.colour", "data.folders", "data.hub_datasets", "data.sources", "data.augmentation", "data.batches",
              "data.samples"),
     "insight": ("insight", "insight.views", "insight.figures", "insight.inspect"),
@@ -44,6 +44,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "export.preprocess_graph", "export.batched_runtime",  # preprocess.onnx, a GPU server's batches
         "export.pipeline_check",  # pipeline.onnx checked before a static Space bundles it
         "export.rollout_graph", "export.map_graph",  # pipeline_map.onnx
+        "export.gradient_graph",  # pipeline_explain.onnx
     ),
     "app": ("demo", "demo.__main__", "demo.backends", "demo.methods", "demo.page", "demo.pictures", "demo.server",
             "demo.uploads", "cli", "__main__"),

@@ -29,6 +29,9 @@ Its ONNX files (`--out models/vit-mnist/model.onnx`, or just the folder `models/
                                  and a softmax in one graph, for apps in any language
     pipeline_map.onnx          the same, and the app's rollout map over the image the model saw (with
                                  --output-attentions), for pages that draw where the model looked
+    pipeline_explain.onnx      the same, with the map the app's page opens with (gradients traced
+                                 into forward operators) and rollout beside it (with
+                                 --output-attentions)
     preprocess.onnx            decoded image in, pixel_values [1, C, H, W] out: pipeline.onnx's
                                  preprocessing alone, for the CPU provider beside a batched
                                  network on the GPU (a server's route)
@@ -56,6 +59,7 @@ GRAPH_ATTENTIONS = "attentions"  # [depth, batch, heads, tokens, tokens]
 PIPELINE_INPUT = "image"  # pipeline.onnx: uint8 [height, width, channels], as an image decoder gives it
 PIPELINE_OUTPUT = "probabilities"  # pipeline.onnx: float32 [classes]
 PIPELINE_MAP = "map"  # pipeline_map.onnx also: float32 [grid_h, grid_w] in [0, 1], attention rollout
+PIPELINE_ROLLOUT = "rollout"  # pipeline_explain.onnx: float32 [grid_h, grid_w], attention rollout (its map: the page's)
 PIPELINE_MODEL_INPUT = "model_input"  # ...uint8 [height, width, channels]: the image the model saw
 PIPELINE_MAP_COLOURS = "map_colours"  # ...uint8 [256, 3]: the app's colour map, a colour per round(255 * map)
 
@@ -63,6 +67,7 @@ DEFAULT_STEM = "model"
 PIPELINE_STEM = "pipeline"
 PREPROCESS_STEM = "preprocess"
 MAP_SUFFIX = "_map"
+EXPLAIN_SUFFIX = "_explain"
 ATTENTIONS_SUFFIX = "_attentions"
 INT8_SUFFIX = "_int8"
 FP16_SUFFIX = "_fp16"
@@ -162,6 +167,11 @@ class ExportLayout:
     def pipeline_map(self) -> Path:
         """The pipeline graph that also gives the rollout map: pipeline_map.onnx beside pipeline.onnx."""
         return self.pipeline.with_name(f"{self.pipeline.stem}{MAP_SUFFIX}.onnx")
+
+    @property
+    def pipeline_explain(self) -> Path:
+        """The pipeline graph that also gives the page's opening map: pipeline_explain.onnx beside pipeline.onnx."""
+        return self.pipeline.with_name(f"{self.pipeline.stem}{EXPLAIN_SUFFIX}.onnx")
 
     @property
     def int8(self) -> Path:
