@@ -38,7 +38,8 @@ from vit_hub.errors import DataError, UserError
 from vit_hub.processing.preprocess import open_image
 
 SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes at the top
-SHARD_SUFFIXES = (".parquet", ".arrow")
+TAR_SUFFIX = ".tar"  # WebDataset shards, read by vit_hub.data.streams
+SHARD_SUFFIXES = (".parquet", ".arrow", TAR_SUFFIX)
 SPLITS = {"train": "train", "validation": "val", "valid": "val", "val": "val", "test": "test"}
 INSTALL = "pip install 'vit-hub[datasets]'"
 HUB_PREFIX = "hf://datasets/"
@@ -53,6 +54,7 @@ class DatasetOptions:
     config: str | None = None
     image_column: str | None = None
     label_column: str | None = None
+    stream: bool = False  # read the training split as it trains (vit_hub.data.streams)
 
     def __post_init__(self):
         if self.config is not None and not re.fullmatch(r"[\w-][\w.-]*", self.config):
@@ -61,8 +63,9 @@ class DatasetOptions:
 
     def given(self) -> list[str]:
         """The flags given, as typed: a source that is not a dataset refuses them."""
-        return [f"--{name.replace('_', '-')} {value}".replace("--config", "--data-config")
-                for name, value in dataclasses.asdict(self).items() if value is not None]
+        flags = [f"--{name.replace('_', '-')} {value}".replace("--config", "--data-config")
+                 for name, value in dataclasses.asdict(self).items() if value not in (None, False)]
+        return [flag.replace(" True", "") for flag in flags]
 
 
 def dataset_folder(data: str, config: str | None = None) -> Path | None:
@@ -94,6 +97,11 @@ def _snapshot(data: str, config: str | None = None) -> Path:
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         raise DataError(f"--data {data}: expected the Hub dataset {repo_id} (in the cache when HF_HUB_OFFLINE=1), "
                         f"found {type(error).__name__}: {detail}") from None
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether `path` is a folder save_to_disk wrote."""
+    return any((path / name).is_file() for name in SAVED_MARKERS)
 
 
 def is_dataset_folder(path: Path) -> bool:
@@ -132,7 +140,7 @@ def read_dataset(path: Path, options: DatasetOptions = DatasetOptions()) -> tupl
         parts[ours] = split
     if "train" not in parts:
         raise DataError(f"--data {path.name}: expected a 'train' split, found {', '.join(sorted(loaded))}")
-    image, label = _columns(path, parts["train"].features, options)
+    image, label = find_columns(path, parts["train"].features, options)
     labels = [str(name) for name in parts["train"].features[label].names]
     if len(labels) < 2:
         raise DataError(f"--data {path.name}: expected at least two classes in {label!r}, found {labels}")
@@ -167,7 +175,8 @@ def shard_files(path: Path, config: str | None = None) -> dict[str, list[Path]]:
     return found
 
 
-def _columns(path: Path, features: dict[str, Any], options: DatasetOptions = DatasetOptions()) -> tuple[str, str]:
+def find_columns(path: Path, features: dict[str, Any], options: DatasetOptions = DatasetOptions(),
+                 ) -> tuple[str, str]:
     """(the image column, the label column) of a split's features: those named, else the one of
     each kind (Image, ClassLabel)."""
     import datasets

@@ -33,8 +33,9 @@ from torchvision import datasets
 from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
-from vit_hub.data.hub_datasets import (HUB_PREFIX, DatasetOptions, HubImages, dataset_folder, is_dataset_folder,
-                                       read_dataset)
+from vit_hub.data.hub_datasets import (HUB_PREFIX, TAR_SUFFIX, DatasetOptions, HubImages, dataset_folder,
+                                       is_dataset_folder, is_saved_dataset, read_dataset, shard_files)
+from vit_hub.data.streams import ShardedRows, read_sharded
 from vit_hub.errors import DataError
 from vit_hub.model.config import (CONV_STEMS, DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder,
                                   preset_fields, suggest_for_data)
@@ -59,6 +60,7 @@ class DataSplits:
     labels: list[str]
     source: str
     unreadable: list[UnreadableFiles] = dataclasses.field(default_factory=list)
+    streamed: bool = False  # the training split is read as it trains (vit_hub.data.streams)
 
     @property
     def skipped(self) -> list[str]:
@@ -107,7 +109,7 @@ def load_splits(data: str, data_root: str | None = None, val_split: float = 0.1,
         splits = _hub_dataset(folder, data, options)
     else:
         splits = _image_folder(index or _list_folder(data), strict)
-    if options.given() and not isinstance(getattr(splits.train, "dataset", None), HubImages):
+    if options.given() and not isinstance(getattr(splits.train, "dataset", None), (HubImages, ShardedRows)):
         raise DataError(f"{' '.join(options.given())}: expected --data to be a Hugging Face dataset, found "
                         f"{splits.source}")
     if splits.val is None and val_split > 0:
@@ -188,10 +190,22 @@ def _torchvision_dataset(name: str, data_root: str | None) -> DataSplits:
 
 
 def _hub_dataset(path: Path, data: str, options: DatasetOptions) -> DataSplits:
-    parts, labels = read_dataset(path, options)
+    """A Hugging Face dataset, or WebDataset tar shards: read whole by `datasets`, or shard by
+    shard (`vit_hub.data.streams`) for tar shards and with --stream."""
+    files = None if is_saved_dataset(path) else shard_files(path, options.config)
+    if files and (options.stream or any(shard.suffix == TAR_SUFFIX for shards in files.values() for shard in shards)):
+        parts, labels = read_sharded(path, files, options)
+    elif options.stream:
+        raise DataError(f"--stream: expected --data to be parquet or tar shards, found {path.name}, which "
+                        f"save_to_disk wrote (arrow files read whole); give no --stream")
+    else:
+        parts, labels = read_dataset(path, options)
     val, test = (Split(parts[name]) if name in parts else None for name in ("val", "test"))
     shown = data.removeprefix(HUB_PREFIX) if data.startswith(HUB_PREFIX) else path.name
-    return DataSplits(Split(parts["train"]), val, test, labels, f"{shown} (Hugging Face dataset)")
+    streamed = isinstance(parts["train"], ShardedRows)
+    kind = "WebDataset shards" if streamed and parts["train"].image_column is None else "Hugging Face dataset"
+    return DataSplits(Split(parts["train"]), val, test, labels, f"{shown} ({kind}{', streamed' if streamed else ''})",
+                      streamed=streamed)
 
 
 def _image_folder(index: FolderIndex, strict: bool) -> DataSplits:
@@ -220,7 +234,7 @@ class Split(Subset):
         for step in range(len(self.indices)):
             position = self.indices[(index + step) % len(self.indices)]
             try:
-                if isinstance(self.dataset, (FolderImages, HubImages)):
+                if isinstance(self.dataset, (FolderImages, HubImages, ShardedRows)):
                     return self.dataset.read(position, min_side)
                 return self.dataset[position]
             except UnreadableImage:

@@ -39,6 +39,7 @@ from vit_hub.train.schedule import plan_schedule
 from vit_hub.train.settings import (TrainSettings, check_out_is_a_folder, check_out_is_free, check_out_outside_data,
                                     check_settings, holding_out)
 from vit_hub.train.step import build_step, make_optimizer
+from vit_hub.train.streaming import streamed_loaders
 
 
 def train(settings: TrainSettings, resume: bool = False, stop_after_epochs: int | None = None,
@@ -103,6 +104,8 @@ def build_trainer(settings: TrainSettings, runtime: Runtime, state: dict[str, An
         progress = Progress.from_state(load_checkpoint(out.checkpoint, model, optimizer), selection)
     flops = training_flops(model)
     loaders = build_loaders(settings, runtime, config, splits, schedule)
+    if splits.streamed:  # read as it trains: each process and worker its own part of every epoch
+        loaders = streamed_loaders(loaders, splits, settings.seed, runtime, schedule)
     step = build_step(model, optimizer, runtime, settings.compile, schedule.total_steps,
                       settings.label_smoothing, settings.grad_clip)
     data = RunData(splits=splits, unreadable=UnreadableReport(splits, runtime), stats=data_stats)

@@ -59,6 +59,8 @@ class TrainSettings:
             default: its only one.
         image_column: a Hugging Face dataset's column of images; default: its one Image feature.
         label_column: a Hugging Face dataset's column of classes; default: its one ClassLabel.
+        stream: read the training split of parquet shards as it trains, block by block, never whole
+            (WebDataset tar shards always are).
         preset: architecture preset; default: chosen from the data.
         model: overrides of the ViTConfig fields in MODEL_FIELDS (the preset's or the data's choice).
         epochs: passes over the training images; default: about 200k images seen, 10 to 200 epochs.
@@ -92,6 +94,7 @@ class TrainSettings:
     data_config: str | None = None
     image_column: str | None = None
     label_column: str | None = None
+    stream: bool = False
     preset: str | None = one_of(None, tuple(PRESETS))
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     epochs: int | None = None
@@ -113,7 +116,7 @@ class TrainSettings:
 
     def dataset_options(self) -> DatasetOptions:
         """The config and columns of a Hugging Face dataset, as `load_splits` takes them."""
-        return DatasetOptions(self.data_config, self.image_column, self.label_column)
+        return DatasetOptions(self.data_config, self.image_column, self.label_column, self.stream)
 
 
 def check_settings(settings: TrainSettings) -> None:
