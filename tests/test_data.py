@@ -17,6 +17,7 @@ from scipy import ndimage
 from conftest import CLASSES, in_mode, tiny_config, write_class_folders
 from vit_hub.data import augmentation, batches, folders
 from vit_hub.data.augmentation import TrainTransform, resolve_augment
+from vit_hub.data.batch_augmentation import ERASE, unaugmented_draws
 from vit_hub.data.batches import EvalTransform, Transformed, make_loader
 from vit_hub.data.sources import (DataSplits, compute_mean_std, describe_images, load_splits, stratified_split,
                                   targets_of)
@@ -507,14 +508,18 @@ def test_config_and_preprocess_import_without_torch():
     assert result.returncode == 0, result.stderr + result.stdout
 
 
-def augmented_epochs(dataset, sampler, workers: int, epochs=(0, 1)) -> list[torch.Tensor]:
-    """Each epoch's samples as the training step sees them (finished by ModelInput)."""
+def augmented_epochs(dataset, sampler, workers: int, epochs=(0, 1), in_workers: bool = False) -> list[torch.Tensor]:
+    """Each epoch's samples as the training step sees them: augmented by the batch in the step
+    (as on a GPU) or, with `in_workers`, in the loader's collate (as on a CPU)."""
+    transform = dataset.transform
+    collate = batches.CropBatches(transform.augment_batch if in_workers else None)
+    finish = transform.model_input if in_workers else transform.finish
     loader = make_loader(dataset, 4, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
-                         sampler=sampler, persistent_workers=True)
+                         sampler=sampler, persistent_workers=True, collate_fn=collate)
     per_epoch = []
     for epoch in epochs:
         sampler.set_epoch(epoch)
-        per_epoch.append(torch.cat([dataset.transform.model_input(pixels, boxes) for pixels, _, boxes in loader]))
+        per_epoch.append(torch.cat([finish(pixels, draws) for pixels, _, draws in loader]))
     return per_epoch
 
 
@@ -582,8 +587,9 @@ def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder):
     in_process = augmented_epochs(dataset, sampler(), workers=0)
     torch.manual_seed(1)
     in_workers = augmented_epochs(dataset, sampler(), workers=2)
-    for first, second in zip(in_process, in_workers):
-        assert torch.equal(first, second)
+    batch_in_workers = augmented_epochs(dataset, sampler(), workers=2, in_workers=True)
+    for first, second, third in zip(in_process, in_workers, batch_in_workers):
+        assert torch.equal(first, second) and torch.equal(first, third)
     assert not torch.equal(in_process[0], in_process[1])  # every epoch a new shuffle and augmentation
 
 
@@ -683,47 +689,23 @@ def test_unaugmented_training_input_equals_preprocess_with_per_image_statistics(
     splits = load_splits(str(split_image_folder), val_split=0.0)
     transform = TrainTransform(config, augment="none")
     for index, (path, _) in enumerate(splits.train.samples):
-        pixels, box = transform.prepare(splits.train[index][0])
-        assert pixels.dtype == torch.uint8 and box.tolist() == [0, 0, 0, 0]
+        pixels, draws = transform.prepare(splits.train[index][0])
+        assert pixels.dtype == torch.uint8 and pixels.shape == (16, 24, 3) and draws[ERASE].tolist() == [0, 0, 0, 0]
         expected = torch.from_numpy(preprocess(path, config))
         # each side sums in float32 in its own order; a small std (a flat channel) magnifies that
-        torch.testing.assert_close(transform.model_input(pixels[None])[0], expected, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(transform.finish(pixels[None], draws[None])[0], expected, rtol=1e-5, atol=1e-4)
 
 
 def test_model_input_erases_only_the_boxes_after_normalising():
     config = ViTConfig(**tiny_config(image_size=[8, 12], mean=0.2, std=0.5))
     pixels = torch.full((2, 3, 8, 12), 255, dtype=torch.uint8)
-    boxes = torch.tensor([[1, 2, 3, 4], [0, 0, 0, 0]], dtype=torch.int32)
-    images = augmentation.ModelInput(config)(pixels, boxes)
+    draws = torch.stack([unaugmented_draws(8, 12), unaugmented_draws(8, 12)])
+    draws[0, ERASE] = torch.tensor([1.0, 2, 3, 4])
+    images = augmentation.ModelInput(config)(pixels, draws)
     erased = torch.zeros(8, 12, dtype=torch.bool)
     erased[1:4, 2:6] = True
     assert (images[0][:, erased] == 0).all()
     assert torch.allclose(images[0][:, ~erased], torch.tensor(1.6)) and torch.allclose(images[1], torch.tensor(1.6))
-
-
-def test_erasing_boxes_fit_and_blank_about_a_quarter_of_the_images():
-    torch.manual_seed(0)
-    boxes = [augmentation.erasing_box(20, 30) for _ in range(400)]
-    drawn = [box for box in boxes if box != augmentation.NO_BOX]
-    assert 60 <= len(drawn) <= 140
-    assert all(0 <= top and top + height <= 20 and 0 <= left and left + width <= 30 and height and width
-               for top, left, height, width in drawn)
-
-
-def test_colour_jitter_is_one_affine_map_that_keeps_grey_and_turns_hue():
-    grey = Image.new("RGB", (8, 8), (90, 90, 90))
-    torch.manual_seed(0)
-    jittered = np.asarray(augmentation.colour_jitter(grey, brightness=0.0, contrast=0.0, saturation=0.3, hue=0.1))
-    assert (jittered == 90).all()  # saturation and hue leave grey alone
-    red = Image.new("RGB", (8, 8), (150, 100, 100))
-    assert (np.asarray(augmentation.colour_jitter(red, 0.0, 0.0, 0.0, 0.0)) == (150, 100, 100)).all()  # all factors 1
-    turned = np.asarray(augmentation.colour_jitter(red, 0.0, 0.0, 0.0, 0.1)).astype(int)[0, 0]
-    assert turned.sum() == pytest.approx(350, abs=2)  # a turn about the grey axis keeps R + G + B
-    assert turned.tolist() != [150, 100, 100]
-    third = augmentation._hue_turn(2 * np.pi / 3)
-    np.testing.assert_allclose(third @ [1, 0, 0], [0, 1, 0], atol=1e-12)  # red -> green, as a hue shift turns it
-    brighter = np.asarray(augmentation.colour_jitter(Image.new("L", (4, 4), 100), 0.3, 0.0, 0.3, 0.1))
-    assert brighter.min() == brighter.max() and 70 <= brighter[0, 0] <= 130  # "L": a lookup table
 
 
 def test_per_core_worker_choice_follows_the_device(monkeypatch):

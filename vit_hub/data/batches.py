@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from vit_hub.data.augmentation import TrainTransform
 from vit_hub.data.sources import Split
@@ -110,9 +110,9 @@ class DomainImages(Dataset):
 
 
 class SeededAugmentation(Dataset):
-    """(PIL image, label) dataset -> (uint8 pixels, label, erasing box) from
-    `TrainTransform.prepare`, keyed by `epoch * n + index`; the training step finishes each
-    batch on the device with the transform's `model_input`.
+    """(PIL image, label) dataset -> (uint8 pixels, label, draws) from
+    `TrainTransform.prepare`, keyed by `epoch * n + index`; `CropBatches` puts them in
+    batches and the transform's `finish` (or `augment_batch` then `model_input`) ends them.
 
     Each sample draws its augmentation from its own seed (`sample_seed`) inside a forked
     RNG, so the images a run sees depend on the seed alone: not on the number of DataLoader
@@ -137,8 +137,34 @@ class SeededAugmentation(Dataset):
         # every CUDA device's generator as well would cost time on every sample
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))
-            pixels, box = self.transform.augment_image(image)
-        return pixels, label, box
+            pixels, draws = self.transform.augment_image(image)
+        return pixels, label, draws
+
+
+class CropBatches:
+    """DataLoader's collate_fn for `SeededAugmentation`: samples -> (uint8 pixels
+    [B, Hmax, Wmax, C], each image in its top-left corner and zeros around it; labels [B];
+    draws [B, DRAW_SIZE]). Photo crops differ in size (all others are the model's size, and
+    the batch is their stack). With `augment` (`TrainTransform.augment_batch`) the batch is
+    augmented here, in the worker that made it: on a CPU-only machine the workers' cores do
+    it while the main process trains, as they did the per-image augmentation; on a GPU the
+    step augments on the device instead."""
+
+    def __init__(self, augment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+        self.augment = augment
+
+    def __call__(self, samples: list[tuple[torch.Tensor, int, torch.Tensor]]):
+        crops, labels, draws = zip(*samples)
+        height, width = max(crop.shape[0] for crop in crops), max(crop.shape[1] for crop in crops)
+        pixels = torch.zeros(len(crops), height, width, crops[0].shape[2], dtype=torch.uint8)
+        if get_worker_info() is not None and self.augment is None:
+            pixels.share_memory_()  # the batch goes to the main process as it is: build it where it is sent
+        for batch_index, crop in enumerate(crops):  # one copy per image, as torch.stack makes
+            pixels[batch_index, :crop.shape[0], :crop.shape[1]] = crop
+        draws = torch.stack(draws)
+        if self.augment is not None:
+            pixels = self.augment(pixels, draws)
+        return pixels, torch.tensor(labels), draws
 
 
 class EpochSampler(Sampler[int]):
@@ -186,7 +212,8 @@ def default_workers(device_type: str = "cpu", processes: int = 1) -> int:
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int,
-                pin_memory: bool, sampler: Sampler | None = None, persistent_workers: bool = False) -> DataLoader:
+                pin_memory: bool, sampler: Sampler | None = None, persistent_workers: bool = False,
+                collate_fn: Callable | None = None) -> DataLoader:
     """A DataLoader whose order depends only on `seed` (or on `sampler`). The trainer's loader
     keeps its workers across epochs (`persistent_workers`): starting them anew costs a second
     or more per epoch, all of a small dataset's epoch."""
@@ -194,5 +221,5 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, 
     return DataLoader(
         dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
         num_workers=num_workers, pin_memory=pin_memory, generator=generator,
-        persistent_workers=persistent_workers and num_workers > 0,
+        persistent_workers=persistent_workers and num_workers > 0, collate_fn=collate_fn,
     )

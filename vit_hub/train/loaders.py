@@ -32,7 +32,9 @@ UNREADABLE_CHECK_SECONDS = 1.0  # between reads of the workers' unreadable-file 
 @dataclasses.dataclass
 class RunLoaders:
     """This process's loaders. `model_input` finishes a training batch on the device: the
-    workers send uint8 pixels (and erasing boxes), normalised and erased in the step."""
+    workers send uint8 pixels and each image's draws; on a GPU the photo augmentation runs
+    there too (`TrainTransform.finish`), on a CPU in the workers (`CropBatches`), and the
+    step normalises and erases."""
 
     train_loader: DataLoader
     sampler: batches.EpochSampler
@@ -64,12 +66,14 @@ def build_loaders(settings: TrainSettings, runtime: Runtime, config: ViTConfig, 
     sampler = batches.EpochSampler(len(train_set), settings.seed, schedule.batch_size,
                                  drop_last=len(train_set) >= schedule.batch_size,
                                  rank=runtime.rank, world_size=runtime.world_size)
+    on_device = runtime.device.type != "cpu"
+    collate = batches.CropBatches(None if on_device else transform.augment_batch)
     train_loader = batches.make_loader(train_set, per_process_batch, shuffle=False, seed=0, sampler=sampler,
-                                     persistent_workers=True, **options)
+                                     persistent_workers=True, collate_fn=collate, **options)
     eval_transform = batches.EvalTransform(config)
     eval_sets = {name: batches.Transformed(shard(dataset, runtime), eval_transform)
                  for name in ("val", "test") if (dataset := getattr(splits, name)) is not None}
-    return RunLoaders(train_loader, sampler, transform.model_input, eval_sets,
+    return RunLoaders(train_loader, sampler, transform.finish if on_device else transform.model_input, eval_sets,
                       max(MIN_EVAL_BATCH, per_process_batch), options)
 
 

@@ -158,13 +158,13 @@ class Trainer:
         bar = tqdm(self.loaders.epoch(epoch), desc=f"epoch {epoch + 1}/{schedule.epochs}",
                    total=schedule.steps_per_epoch, disable=not self.runtime.is_main, leave=False,
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs: a line every 30 s
-        for step_in_epoch, (pixels, labels, boxes) in enumerate(bar):
+        for step_in_epoch, (pixels, labels, draws) in enumerate(bar):
             self.data.unreadable.report()
             lr = schedule.lr_at(epoch * schedule.steps_per_epoch + step_in_epoch)
             self.step.set_lr(lr)
-            # uint8 pixels from the workers (pinned on CUDA), normalised and erased on the device
+            # uint8 pixels and draws from the workers (pinned on CUDA), finished on the device
             images = self.loaders.model_input(pixels.to(device, non_blocking=True),
-                                              boxes.to(device, non_blocking=True))
+                                              draws.to(device, non_blocking=True))
             labels = labels.to(device, non_blocking=True)
             logits, loss = self.step.update(images, labels)
             loss_sum += loss.detach().double() * len(labels)

@@ -1,0 +1,170 @@
+"""The photo augmentation done on whole batches (vit_hub.data.batch_augmentation) is the
+per-image augmentation it replaced: the same draws, from the same ranges, with each image its
+own, and per operation the same pixels as torchvision's or PIL's form of it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from vit_hub.data import batch_augmentation as batched
+from vit_hub.data.augmentation import TrainTransform, random_crop, uint8_pixels
+from vit_hub.data.batch_augmentation import (CROP, ERASE, FLIP, JITTER_AMOUNTS, JITTER_ORDER, MAGNITUDES, NO_BOX, OPS,
+                                             RAND_AUGMENT_NAMES)
+from vit_hub.data.batches import CropBatches
+from vit_hub.model.config import ViTConfig
+
+SIZE = (20, 24)  # the model's image size in these tests (height, width)
+
+
+def photos(count: int, seed: int = 0, size: tuple[int, int] = SIZE) -> torch.Tensor:
+    """uint8 [count, 3, H, W]: smooth colour fields with noise, far from flat."""
+    generator = torch.Generator().manual_seed(seed)
+    low = torch.rand(count, 3, 4, 4, generator=generator) * 255
+    smooth = torch.nn.functional.interpolate(low, size=size, mode="bilinear", align_corners=False)
+    return (smooth + torch.randn(count, 3, *size, generator=generator) * 12).round().clamp(0, 255).to(torch.uint8)
+
+
+def seeded_draws(count: int, seed: int = 0) -> torch.Tensor:
+    """[count, DRAW_SIZE]: image i's draws from seed (seed, i), crops of the model's size."""
+    rows = []
+    for index in range(count):
+        torch.manual_seed(seed * 100_003 + index)
+        rows.append(batched.draw_photo_augmentation(SIZE, SIZE))
+    return torch.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def mixed_batch():
+    """200 photos and their draws: every RandAugment operation is drawn in both slots."""
+    draws = seeded_draws(200)
+    for slot in range(batched.RAND_AUGMENT_OPS):
+        assert set(draws[:, OPS.start + slot].long().tolist()) == set(range(len(RAND_AUGMENT_NAMES)))
+    return photos(200), draws
+
+
+@pytest.mark.parametrize("name", RAND_AUGMENT_NAMES)
+def test_each_rand_augment_operation_equals_torchvisions_on_each_image(mixed_batch, name):
+    """v2.RandAugment(2, 9), replayed on each image from the same seed after the draws that come
+    before it, gives the batch's pixels: the same operations, magnitudes and signs drawn,
+    applied to each image alone. For a signed operation both signs are drawn."""
+    images, draws = mixed_batch
+    op = RAND_AUGMENT_NAMES.index(name)
+    after_first = batched.rand_augment_op(images, draws[:, OPS.start].long(), draws[:, MAGNITUDES.start])
+    result = batched.rand_augment_op(after_first, draws[:, OPS.start + 1].long(), draws[:, MAGNITUDES.start + 1])
+    chosen = (draws[:, OPS.start] == op).nonzero()[:, 0].tolist()
+    assert chosen
+    rand_augment = v2.RandAugment(num_ops=2, magnitude=9)
+    for index in chosen:
+        torch.manual_seed(index)
+        torch.rand(1), torch.randperm(4), [torch.empty(1).uniform_() for _ in range(4)]  # flip, jitter
+        assert torch.equal(rand_augment(images[index]), result[index]), (name, index)
+    magnitudes = draws[chosen, MAGNITUDES.start]
+    _, signed = batched.RAND_AUGMENT_SPACE[name]
+    assert len(set(magnitudes.abs().tolist())) == 1  # magnitude 9 of 31 bins, for every image
+    assert (magnitudes.min() < 0 < magnitudes.max()) if signed and magnitudes.abs().max() else magnitudes.min() >= 0
+
+
+def test_draws_come_from_torchvisions_ranges_with_each_image_its_own():
+    draws = seeded_draws(2000, seed=1)
+    assert 0.45 < draws[:, FLIP].mean() < 0.55
+    assert (draws[:, JITTER_ORDER].sort(1).values == torch.arange(4.0)).all()  # a permutation each
+    factors, turns = draws[:, JITTER_AMOUNTS][:, :3], draws[:, JITTER_AMOUNTS][:, 3]
+    assert factors.min() >= 0.7 and factors.max() <= 1.3 and factors.std(0).min() > 0.15
+    assert turns.abs().max() <= 0.1 and turns.std() > 0.05
+    counts = torch.bincount(draws[:, OPS].long().flatten(), minlength=len(RAND_AUGMENT_NAMES))
+    assert counts.min() > 4000 / 14 * 0.7  # each operation about as often as any other
+    erased = draws[:, ERASE][:, 2] > 0
+    assert 0.2 < erased.float().mean() < 0.3  # random erasing's p = 0.25
+    assert len({tuple(row.tolist()) for row in draws}) == len(draws)  # no two images drew alike
+
+
+def test_erasing_boxes_fit_and_blank_about_a_quarter_of_the_images():
+    torch.manual_seed(0)
+    boxes = [batched.erasing_box(20, 30) for _ in range(400)]
+    drawn = [box for box in boxes if box != NO_BOX]
+    assert 60 <= len(drawn) <= 140
+    assert all(0 <= top and top + height <= 20 and 0 <= left and left + width <= 30 and height and width
+               for top, left, height, width in drawn)
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "box", "hamming", "lanczos", "nearest"])
+def test_resampling_crops_of_many_sizes_in_one_batch_equals_pils_resize(interpolation):
+    """Crops from half to twice the model's size, padded into one batch, resized and some
+    mirrored: each equals PIL's resize of that crop (and PIL's mirror), to a gray level."""
+    generator = np.random.default_rng(0)
+    crops = [Image.fromarray(photos(1, seed, (int(h), int(w)))[0].permute(1, 2, 0).numpy())
+             for seed, (h, w) in enumerate(generator.integers([10, 12], [41, 49], size=(12, 2)))]
+    flipped = torch.tensor([index % 3 == 0 for index in range(len(crops))])
+    samples = [(uint8_pixels(crop), 0, batched.unaugmented_draws(crop.height, crop.width)) for crop in crops]
+    pixels, _, draws = CropBatches()(samples)
+    result = batched.resample(pixels, draws[:, CROP].long(), flipped, SIZE, interpolation)
+    for index, crop in enumerate(crops):
+        expected = crop.resize(SIZE[::-1], Image.Resampling[interpolation.upper()])
+        if flipped[index]:
+            expected = expected.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        difference = (result[index].permute(1, 2, 0).int() - torch.from_numpy(np.array(expected)).int()).abs()
+        assert difference.max() <= 1, (interpolation, crop.size, int(difference.max()))
+
+
+def test_colour_jitter_keeps_grey_scales_and_turns_hue_per_image():
+    grey = torch.full((1, 3, 4, 4), 90, dtype=torch.uint8)
+    order = torch.arange(4)[None]
+    assert (batched.colour_jitter(grey, order, torch.tensor([[1.0, 1.0, 1.3, 0.1]])) == 90).all()  # saturation, hue
+    red = torch.tensor([150, 100, 100], dtype=torch.uint8)[None, :, None, None].expand(3, 3, 4, 4)
+    amounts = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.1], [1.2, 1.0, 1.0, 0.0]])
+    result = batched.colour_jitter(red, order.expand(3, 4), amounts)[:, :, 0, 0].int()
+    assert result[0].tolist() == [150, 100, 100]  # all factors 1: the image as it was
+    assert result[1].sum() == pytest.approx(350, abs=2) and result[1].tolist() != [150, 100, 100]  # turned about grey
+    assert result[2].tolist() == [180, 120, 120]  # brightness 1.2, this image only
+    third = batched._hue_turns(torch.tensor([2 * np.pi / 3]))[0]
+    torch.testing.assert_close(third @ torch.tensor([1.0, 0, 0]), torch.tensor([0.0, 1, 0]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("operation, reference", [
+    (batched.BRIGHTNESS, F.adjust_brightness), (batched.CONTRAST, F.adjust_contrast),
+    (batched.SATURATION, F.adjust_saturation)])
+def test_each_colour_map_alone_equals_torchvisions(operation, reference):
+    """With the other factors at 1, each image's brightness, contrast or saturation factor
+    gives torchvision's adjustment of that image by that factor, to a gray level or two (the
+    grey that saturation blends towards is whole levels in torchvision, exact here)."""
+    images = photos(8, seed=3)
+    factors = torch.linspace(0.7, 1.3, 8)
+    amounts = torch.tensor([1.0, 1.0, 1.0, 0.0]).repeat(8, 1)
+    amounts[:, operation] = factors
+    result = batched.colour_jitter(images, torch.arange(4).repeat(8, 1), amounts)
+    for index in range(8):
+        expected = reference(images[index], float(factors[index]))
+        assert (result[index].int() - expected.int()).abs().max() <= 2, index
+
+
+def test_the_worker_cuts_a_large_crop_down_to_at_most_twice_the_model_size():
+    config = ViTConfig(image_size=list(SIZE), patch_size=4, embed_dim=8, depth=1, num_heads=1, labels=["a", "b"])
+    large = Image.fromarray(photos(1, 5, (400, 500))[0].permute(1, 2, 0).numpy())
+    torch.manual_seed(0)
+    for _ in range(20):
+        crop = random_crop(large, config)
+        assert SIZE[0] <= crop.height < 2 * SIZE[0] or SIZE[1] <= crop.width < 2 * SIZE[1]
+        assert crop.height >= SIZE[0] and crop.width >= SIZE[1]
+
+
+def test_a_photo_batch_is_the_same_augmented_in_the_step_or_in_the_loader(tmp_path):
+    """TrainTransform: `finish` on the batch equals augmenting it in the collate then
+    `model_input`, and calling the transform on one image equals its batch of one."""
+    config = ViTConfig(image_size=list(SIZE), patch_size=4, embed_dim=8, depth=1, num_heads=1, labels=["a", "b"])
+    transform = TrainTransform(config, "photos")
+    images = [Image.fromarray(photos(1, seed, (30 + seed, 40 - seed))[0].permute(1, 2, 0).numpy()) for seed in range(6)]
+    samples = []
+    for seed, image in enumerate(images):
+        torch.manual_seed(seed)
+        samples.append((*transform.prepare(image),))
+    pixels, _, draws = CropBatches()([(crop, 0, row) for crop, row in samples])
+    on_device = transform.finish(pixels, draws)
+    in_loader_pixels, _, _ = CropBatches(transform.augment_batch)([(crop, 0, row) for crop, row in samples])
+    assert torch.equal(on_device, transform.model_input(in_loader_pixels, draws))
+    torch.manual_seed(2)
+    assert torch.equal(transform(images[2]), on_device[2])

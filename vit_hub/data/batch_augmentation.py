@@ -1,0 +1,278 @@
+"""Photo augmentation on whole batches, on whatever device the batch is on.
+
+A loader worker does only what each file needs (`augmentation.TrainTransform.prepare`): it
+decodes, cuts the random-resized crop's box out of the image, and draws every random number
+the image's augmentation will use, from the sample's own seed (`PhotoDraws.draw`). The
+per-pixel work then runs here, on the batch, with each image's own draws:
+
+    uint8 crops, channels last and padded [B, Hmax, Wmax, C]  +  draws [B, DRAW_SIZE]
+      -> resample to the model's size (the config's filter, as PIL computes it), mirrored
+         where the draw says -> colour jitter -> RandAugment (2 ops, magnitude 9)
+      -> uint8 [B, C, H, W]; `augmentation.ModelInput` then normalises and erases
+
+The draws are torchvision's (RandomResizedCrop, RandAugment, RandomErasing), made in the
+same order as the per-image augmentation made them, so the distribution is the same.
+Libraries that augment batches were weighed first: torchvision.transforms.v2 draws one set
+of parameters per call, and kornia.augmentation's RandAugment samples its own policy (a
+different operation set and magnitude scale) rather than torchvision's. So the draws stay
+torchvision's and RandAugment's operations run as torchvision's own functionals, once for
+each (operation, magnitude) a batch drew, on the images that drew it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+# RandAugment as TrainTransform configures it (torchvision's defaults for the rest)
+RAND_AUGMENT_OPS, RAND_AUGMENT_MAGNITUDE = 2, 9
+RAND_AUGMENT_SPACE = v2.RandAugment._AUGMENTATION_SPACE  # name -> (magnitudes(bins, height, width), signed)
+RAND_AUGMENT_NAMES = tuple(RAND_AUGMENT_SPACE)
+JITTER = (0.3, 0.3, 0.3, 0.1)  # brightness, contrast, saturation, hue: ColorJitter's factors
+GREY = (0.299, 0.587, 0.114)  # luma weights of PIL's and torchvision's grayscale
+BRIGHTNESS, CONTRAST, SATURATION, HUE = range(4)  # colour jitter's maps, in torchvision's numbering
+
+# One image's draws, as a float32 row (small integers and factors, all exact in float32):
+CROP = slice(0, 2)  # the crop's height and width as sent (its pixels fill the top left of the padded batch)
+FLIP = 2  # 1: mirror left to right
+JITTER_ORDER = slice(3, 7)  # the order of the four colour maps
+JITTER_AMOUNTS = slice(7, 11)  # brightness, contrast and saturation factors; the hue turn
+OPS = slice(11, 13)  # RandAugment's operations, as indices into RAND_AUGMENT_NAMES
+MAGNITUDES = slice(13, 15)  # each operation's signed magnitude
+ERASE = slice(15, 19)  # random erasing's box: top, left, height, width (height 0: none)
+DRAW_SIZE = 19
+NO_BOX = (0, 0, 0, 0)
+
+
+def unaugmented_draws(height: int, width: int) -> torch.Tensor:
+    """The draws of an image left as it is: [DRAW_SIZE]."""
+    row = torch.zeros(DRAW_SIZE)
+    row[CROP] = torch.tensor([height, width], dtype=torch.float32)
+    row[JITTER_ORDER] = torch.arange(4, dtype=torch.float32)
+    row[JITTER_AMOUNTS] = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    return row
+
+
+def draw_photo_augmentation(crop_size: tuple[int, int], image_size: tuple[int, int]) -> torch.Tensor:
+    """One photo's draws after its crop box: flip, colour jitter (ColorJitter's order and
+    factors), RandAugment's two operations and signs, then random erasing's box, from torch's
+    default generator in that order. -> [DRAW_SIZE]"""
+    row = unaugmented_draws(*crop_size)
+    row[FLIP] = float(torch.rand(1) < 0.5)
+    row[JITTER_ORDER] = torch.randperm(4).float()
+    for index, spread in enumerate(JITTER[:3]):
+        row[JITTER_AMOUNTS.start + index] = float(torch.empty(1).uniform_(1 - spread, 1 + spread))
+    row[JITTER_AMOUNTS.stop - 1] = float(torch.empty(1).uniform_(-JITTER[HUE], JITTER[HUE]))
+    for slot in range(RAND_AUGMENT_OPS):
+        row[OPS.start + slot], row[MAGNITUDES.start + slot] = _draw_rand_augment_op(*image_size)
+    row[ERASE] = torch.tensor(erasing_box(*image_size), dtype=torch.float32)
+    return row
+
+
+def erasing_box(height: int, width: int, p: float = 0.25, scale=(0.02, 0.33), ratio=(0.3, 3.3)) -> tuple:
+    """The box random erasing blanks (torchvision's RandomErasing parameters): (top, left,
+    height, width), or NO_BOX for the three images in four it leaves alone."""
+    if torch.rand(1) >= p:
+        return NO_BOX
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        area = height * width * torch.empty(1).uniform_(*scale).item()
+        aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        box_height, box_width = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
+        if box_height < height and box_width < width:
+            top = int(torch.randint(0, height - box_height + 1, size=(1,)))
+            left = int(torch.randint(0, width - box_width + 1, size=(1,)))
+            return top, left, box_height, box_width
+    return NO_BOX
+
+
+def _draw_rand_augment_op(height: int, width: int) -> tuple[int, float]:
+    """One of RandAugment's operations and its magnitude, drawn as v2.RandAugment draws them."""
+    op = int(torch.randint(len(RAND_AUGMENT_NAMES), ()))
+    magnitude, signed = _magnitude(op, height, width)
+    if signed and torch.rand(()) <= 0.5:
+        magnitude = -magnitude
+    return op, magnitude
+
+
+@functools.lru_cache(maxsize=256)
+def _magnitude(op: int, height: int, width: int) -> tuple[float, bool]:
+    """RandAugment's operation `op` at RAND_AUGMENT_MAGNITUDE of its 31 bins (v2.RandAugment's
+    num_magnitude_bins) for an image of this size: (magnitude, whether its sign is drawn)."""
+    magnitudes, signed = RAND_AUGMENT_SPACE[RAND_AUGMENT_NAMES[op]]
+    bins = magnitudes(31, height, width)
+    return (0.0, False) if bins is None else (float(bins[RAND_AUGMENT_MAGNITUDE]), signed)
+
+
+def augment_photos(crops: torch.Tensor, draws: torch.Tensor, image_size: tuple[int, int],
+                   interpolation: str) -> torch.Tensor:
+    """uint8 crops [B, Hmax, Wmax, C] (each in its top left corner, sized by its draws) ->
+    augmented uint8 images [B, C, H, W] at `image_size`."""
+    images = resample(crops, draws[:, CROP].long(), draws[:, FLIP].bool(), image_size, interpolation)
+    images = colour_jitter(images, draws[:, JITTER_ORDER].long(), draws[:, JITTER_AMOUNTS])
+    for slot in range(RAND_AUGMENT_OPS):
+        images = rand_augment_op(images, draws[:, OPS.start + slot].long(), draws[:, MAGNITUDES.start + slot])
+    return images
+
+
+# Resampling ---------------------------------------------------------------------------------------
+def _filter(name: str, x: torch.Tensor) -> torch.Tensor:
+    """PIL's resampling filters (Resample.c), of the distance in input pixels (scaled)."""
+    if name == "box":
+        return ((x > -0.5) & (x <= 0.5)).to(x.dtype)
+    x = x.abs()
+    if name == "bilinear":
+        return (1 - x).clamp(min=0)
+    if name == "hamming":
+        return torch.where(x < 1, torch.sinc(x) * (0.54 + 0.46 * torch.cos(math.pi * x)), 0.0)
+    if name == "bicubic":  # a = -0.5
+        near = (1.5 * x - 2.5) * x * x + 1
+        far = ((-0.5 * x + 2.5) * x - 4) * x + 2
+        return torch.where(x < 1, near, torch.where(x < 2, far, 0.0))
+    if name == "lanczos":
+        return torch.where(x < 3, torch.sinc(x) * torch.sinc(x / 3), 0.0)
+    raise ValueError(f"interpolation: expected one of PIL's filters, got {name!r}")
+
+
+
+SUPPORT = {"box": 0.5, "bilinear": 1.0, "hamming": 1.0, "bicubic": 2.0, "lanczos": 3.0}  # each filter's reach
+
+
+def resample_weights(sizes: torch.Tensor, out: int, padded: int, interpolation: str) -> torch.Tensor:
+    """[B] input lengths along one axis -> [B, out, padded] weights that resample each image's
+    first `sizes[b]` pixels to `out`, as PIL's resize computes them: output pixel o is centred
+    at (o + 0.5) * scale in the input, and the filter is widened by the scale when shrinking
+    (an average over what the output pixel covers, not a sample of it). In float64, as PIL
+    computes them: a centre or a filter edge can fall on a whole pixel."""
+    sizes = sizes.double()[:, None, None]  # [B, 1, 1]
+    scale = sizes / out
+    pixels = torch.arange(padded, device=sizes.device, dtype=torch.float64)[None, None, :]  # [1, 1, padded]
+    if interpolation == "nearest":  # PIL steps through the input adding the scale (Geometry.c's affine_scale)
+        steps = scale.cpu().expand(-1, out, 1).clone()
+        steps[:, 0] *= 0.5
+        weights = (pixels == steps.cumsum(1).to(sizes.device).floor()).double()  # sequential sums, as PIL's
+    else:
+        centres = (torch.arange(out, device=sizes.device, dtype=torch.float64)[None, :, None] + 0.5) * scale
+        widen = scale.clamp(min=1.0)
+        support = SUPPORT[interpolation] * widen  # PIL's window: where a filter edge meets a pixel, it decides
+        window = (pixels >= (centres - support + 0.5).floor()) & (pixels < (centres + support + 0.5).floor())
+        weights = _filter(interpolation, (pixels - centres + 0.5) * (1.0 / widen)) * window  # [B, out, padded]
+    weights = weights * (pixels < sizes)  # padding never contributes
+    return (weights / weights.sum(-1, keepdim=True)).float()
+
+
+def resample(crops: torch.Tensor, sizes: torch.Tensor, flipped: torch.Tensor, image_size: tuple[int, int],
+             interpolation: str) -> torch.Tensor:
+    """uint8 crops [B, Hmax, Wmax, C] whose pixels fill their top-left [B, 2] sizes (height,
+    width) -> uint8 [B, C, H, W], each crop resized on its own and mirrored left to right
+    where `flipped` [B]: two batched matrix products (along the width, then the height),
+    rounded to uint8 after each as PIL does. Mirroring is the width weights' rows reversed."""
+    batch, padded_height, padded_width, channels = crops.shape
+    height, width = image_size
+    # [B, Hmax, C, Wmax] in float, one pass: then each product is one plain batched matmul
+    pixels = torch.empty(batch, padded_height, channels, padded_width, device=crops.device)
+    pixels.copy_(crops.permute(0, 1, 3, 2))
+    across = resample_weights(sizes[:, 1], width, padded_width, interpolation)  # [B, W, Wmax]
+    across = torch.where(flipped[:, None, None], across.flip(1), across)
+    rows = torch.bmm(pixels.view(batch, padded_height * channels, padded_width), across.transpose(1, 2).contiguous())
+    rows = rows.round_().clamp_(0, 255).view(batch, padded_height, channels * width)  # [B, Hmax, C*W]
+    down = resample_weights(sizes[:, 0], height, padded_height, interpolation)  # [B, H, Hmax]
+    images = torch.bmm(down, rows).round_().clamp_(0, 255).to(torch.uint8)  # [B, H, C*W]
+    return images.view(batch, height, channels, width).permute(0, 2, 1, 3).contiguous()  # [B, C, H, W]
+
+
+# Colour jitter --------------------------------------------------------------------------------------
+def colour_jitter(images: torch.Tensor, order: torch.Tensor, amounts: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, C, H, W] -> each image's four colour maps (brightness, contrast, saturation,
+    hue; in its own `order` [B, 4], by its `amounts` [B, 4]) composed into one affine colour
+    map and applied in one pass, clipped once at the end. Contrast blends towards the mean grey
+    the image has at that point, saturation towards each pixel's grey, hue turns colours about
+    the grey axis (red towards green for a positive turn); on a grey image (C = 1) saturation
+    and hue are the identity."""
+    channels = images.shape[1]
+    batch = len(images)
+    grey = torch.tensor(GREY if channels == 3 else (1.0,), device=images.device)
+    pixels = images.flatten(2).float()  # [B, C, HW]
+    matrix = torch.eye(channels, device=images.device).expand(batch, channels, channels)
+    offset = torch.zeros(batch, channels, device=images.device)
+    means = pixels.mean(-1)  # [B, C]
+    for position in range(4):
+        operation = order[:, position]
+        step, shift = _colour_steps(amounts, grey, torch.einsum("bij,bj->bi", matrix, means) + offset)
+        chosen = operation[:, None, None, None].expand(batch, 1, channels, channels)
+        step = step.gather(1, chosen)[:, 0]  # [B, C, C]
+        shift = shift.gather(1, operation[:, None, None].expand(batch, 1, channels))[:, 0]  # [B, C]
+        matrix, offset = step @ matrix, torch.einsum("bij,bj->bi", step, offset) + shift
+    mapped = torch.baddbmm(offset[:, :, None], matrix, pixels)  # [B, C, HW]
+    return mapped.round_().clamp_(0, 255).to(torch.uint8).view_as(images)
+
+
+def _colour_steps(amounts: torch.Tensor, grey: torch.Tensor, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each of the four maps for every image, as (matrices [B, 4, C, C], shifts [B, 4, C]):
+    colour -> matrix @ colour + shift. `mean` [B, C]: each image's mean colour so far."""
+    batch, channels = mean.shape
+    identity = torch.eye(channels, device=mean.device)
+    factor = amounts[:, :3, None, None]  # [B, 3, 1, 1]
+    to_grey = torch.ones(channels, 1, device=mean.device) * grey[None, :]  # [C, C]: every channel the grey
+    brightness = factor[:, BRIGHTNESS] * identity
+    contrast = factor[:, CONTRAST] * identity
+    saturation = factor[:, SATURATION] * identity + (1 - factor[:, SATURATION]) * to_grey
+    hue = _hue_turns(2 * math.pi * amounts[:, HUE]) if channels == 3 else identity.expand(batch, 1, 1)
+    matrices = torch.stack([brightness, contrast, saturation, hue], dim=1)
+    shifts = torch.zeros(batch, 4, channels, device=mean.device)
+    shifts[:, CONTRAST] = (1 - amounts[:, CONTRAST, None]) * (mean @ grey)[:, None]
+    return matrices, shifts
+
+
+def _hue_turns(angles: torch.Tensor) -> torch.Tensor:
+    """[B] angles -> [B, 3, 3] rotations of RGB space about the grey axis (Rodrigues' formula)."""
+    axis = torch.full((3,), 1 / math.sqrt(3), device=angles.device)
+    cross = torch.tensor([[0.0, -1, 1], [1, 0, -1], [-1, 1, 0]], device=angles.device) / math.sqrt(3)
+    cos, sin = angles.cos()[:, None, None], angles.sin()[:, None, None]
+    return cos * torch.eye(3, device=angles.device) + sin * cross + (1 - cos) * torch.outer(axis, axis)
+
+
+# RandAugment ----------------------------------------------------------------------------------------
+def rand_augment_op(images: torch.Tensor, ops: torch.Tensor, magnitudes: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, C, H, W] -> each image through its own RandAugment operation ([B] indices
+    into RAND_AUGMENT_NAMES, [B] signed magnitudes): torchvision's functional for each
+    (operation, magnitude) pair the batch drew, applied to the images that drew it."""
+    images = images.clone()
+    pairs = torch.stack([ops.float(), magnitudes], dim=1).unique(dim=0)
+    for op, magnitude in pairs.tolist():
+        name = RAND_AUGMENT_NAMES[int(op)]
+        if name == "Identity":
+            continue
+        chosen = ((ops == int(op)) & (magnitudes == magnitude)).nonzero()[:, 0]
+        images[chosen] = _apply_op(images[chosen], name, magnitude)
+    return images
+
+
+def _apply_op(images: torch.Tensor, name: str, magnitude: float) -> torch.Tensor:
+    """RandAugment's operation `name` at `magnitude` on uint8 [N, C, H, W], as
+    v2.RandAugment applies it (nearest interpolation, black fill)."""
+    nearest = v2.InterpolationMode.NEAREST
+    if name in ("ShearX", "ShearY"):
+        shear = [math.degrees(math.atan(magnitude)), 0.0]
+        return F.affine(images, angle=0.0, translate=[0, 0], scale=1.0, interpolation=nearest, center=[0, 0],
+                        shear=shear if name == "ShearX" else shear[::-1])
+    if name in ("TranslateX", "TranslateY"):
+        shift = [int(magnitude), 0]
+        return F.affine(images, angle=0.0, translate=shift if name == "TranslateX" else shift[::-1], scale=1.0,
+                        interpolation=nearest, shear=[0.0, 0.0])
+    operations = {
+        "Rotate": lambda: F.rotate(images, angle=magnitude, interpolation=nearest),
+        "Brightness": lambda: F.adjust_brightness(images, brightness_factor=1.0 + magnitude),
+        "Color": lambda: F.adjust_saturation(images, saturation_factor=1.0 + magnitude),
+        "Contrast": lambda: F.adjust_contrast(images, contrast_factor=1.0 + magnitude),
+        "Sharpness": lambda: F.adjust_sharpness(images, sharpness_factor=1.0 + magnitude),
+        "Posterize": lambda: F.posterize(images, bits=int(magnitude)),
+        "Solarize": lambda: F.solarize(images, threshold=255.0 * magnitude),
+        "AutoContrast": lambda: F.autocontrast(images),
+        "Equalize": lambda: F.equalize(images),
+    }
+    return operations[name]()
