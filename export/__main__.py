@@ -32,10 +32,14 @@ def summary(report: dict) -> list[str]:
         lines.append(f"{name}: {graph['bytes'] / 1e6:.2f} MB, opset {graph['opset']}, checker passed"
                      + (f", {shown}" if shown else ""))
     for name, check in report.get("pipeline", {}).items():
+        if "skipped" in check:
+            lines.append(f"{name}: not written: {check['skipped']}")
+            continue
         agreeing = sum(row["same_label"] for row in check["rows"])
+        mapped = f"{check['method']} map" if "method" in check else "rollout map"  # pipeline_explain.onnx's: the page's
         lines.append(f"{name}: the Python path's label on {agreeing}/{check['uploads']} uploads, probabilities "
                      f"max|diff| {check['max_abs_diff']:.1e} (tolerance {check['tolerance_max_abs_diff']:g})"
-                     + (f", rollout map max|diff| {check['map_max_abs_diff']:.1e} (tolerance "
+                     + (f", {mapped} max|diff| {check['map_max_abs_diff']:.1e} (tolerance "
                         f"{check['map_tolerance_max_abs_diff']:g})" if "map_max_abs_diff" in check else ""))
     preprocessing = report.get("preprocess")
     if preprocessing:

@@ -33,6 +33,8 @@ import torch
 from torch import nn
 
 from vit_hub.errors import UserError
+from vit_hub.explain.attribution import METHODS
+from vit_hub.explain.opening import opening_method_of
 from vit_hub.hub.pretrained import load_model
 from vit_hub.hub.repos import resolve_model_dir
 from vit_hub.layout import GRAPH_LOGITS, ExportLayout
@@ -43,6 +45,7 @@ from .exporter import check_export_options, write_graph
 from .fused_graph import ort_fusions, ort_operators
 from .graph_check import WEIGHTS_SHA256, weights_sha256
 from .half import FP16_TOLERANCES, convert_to_fp16, measure_fp16
+from .gradient_graph import GRAPH_METHODS, verify_explain_pipeline, write_explain_pipeline
 from .map_graph import verify_map_pipeline, write_map_pipeline
 from .pipeline_graph import (FP16_PROBABILITY_TOLERANCE, PROBABILITY_TOLERANCE, VERIFY_IMAGES, verification_uploads,
                              verify_pipeline, write_pipeline)
@@ -151,6 +154,7 @@ def export_onnx(model: nn.Module | str | Path, out: str | Path, **options: Any) 
         pipelines = _write_verified_pipelines(staged, weights, model.config, eval_set, options.precisions)
         if options.output_attentions:
             pipelines.update(_write_verified_map_pipeline(staged, weights, model.config, eval_set))
+            pipelines.update(_write_verified_explain_pipeline(model, model_dir, staged, weights, eval_set))
         preprocessing = _write_verified_preprocessing(staged, weights, model.config, eval_set)
         measured = {}
         if options.quantize:
@@ -249,6 +253,25 @@ def _write_verified_map_pipeline(staged: ExportLayout, weights: str, config: ViT
     if section["failures"]:
         staged.pipeline_map.unlink()
     return {staged.pipeline_map.name: section}
+
+
+def _write_verified_explain_pipeline(model: nn.Module, model_dir: Path | None, staged: ExportLayout, weights: str,
+                                     eval_set: EvalSet) -> dict[str, Any]:
+    """Write pipeline_explain.onnx (the page's opening map, `opening_method_of` the model dir),
+    tie it to the weights and check it against the torch page on pipeline.onnx's uploads; a graph
+    that disagrees is removed, not installed; an opening method the graph does not compute is
+    said in the section instead -> {file name: its section of the report}."""
+    method = opening_method_of(model_dir, tuple(METHODS))
+    if method not in GRAPH_METHODS:
+        return {staged.pipeline_explain.name: {"skipped": f"the page opens with {method}; the graph computes "
+                                                          f"{', '.join(GRAPH_METHODS)}", "failures": []}}
+    uploads = verification_uploads(first_uploads(eval_set, VERIFY_IMAGES), model.config)
+    write_explain_pipeline(model, method, staged.pipeline_explain)
+    tie_to_weights(staged.pipeline_explain, weights)
+    section = verify_explain_pipeline(staged.pipeline_explain, staged.logits, staged.attentions, model, uploads)
+    if section["failures"]:
+        staged.pipeline_explain.unlink()
+    return {staged.pipeline_explain.name: section}
 
 
 def _write_measured_int8(staged: ExportLayout, weights: str, eval_set: EvalSet,

@@ -32,7 +32,8 @@ FILES_WRITTEN = textwrap.fill(
     f"Every export writes {_FILES.logits.name} (logits), {_FILES.pipeline.name} (decoded pixels in, probabilities "
     f"out: the preprocessing inside), {_FILES.preprocess.name} (that preprocessing alone), {_FILES.config.name} and "
     f"the report, {_FILES.report.name}; --output-attentions adds {_FILES.attentions.name} (logits and attentions) "
-    f"and {_FILES.pipeline_map.name} ({_FILES.pipeline.name} with the app's rollout map), --precision fp16 the "
+    f"and {_FILES.pipeline_map.name} ({_FILES.pipeline.name} with the app's rollout map) and "
+    f"{_FILES.pipeline_explain.name} (with the map the app's page opens with, gradients inside), --precision fp16 the "
     f"float16 copies ({_HALF}), --quantize int8 {_FILES.int8.name}. Those are the names in --out FOLDER; --out "
     f"NAME.onnx writes {_OTHER_STEM.logits.name}, {_OTHER_STEM.pipeline.name} and so on.", width=79)
 
@@ -61,7 +62,8 @@ def add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default {DEFAULT_OPSET})")
     parser.add_argument("--output-attentions", action="store_true",
                         help=f"also write {_FILES.attentions.name}, with an attentions output (for rollout), and "
-                             f"{_FILES.pipeline_map.name}, whose outputs add the app's rollout map")
+                             f"{_FILES.pipeline_map.name}, whose outputs add the app's rollout map, and "
+                             f"{_FILES.pipeline_explain.name}, the map the app's page opens with")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp16 also writes float16 copies of the graphs (float32 in and out) for the CUDA "
                              "provider, verified and measured against fp32 (default fp32)")

@@ -41,6 +41,15 @@ from .graph_check import (KNOWN_OPS, ONNX_DOMAINS, OnnxModelError, _load, max_gr
 from .map_graph import map_answers
 from .pipeline_graph import decoded_pixels, pipeline_answers, preprocessing_graph
 
+# The operators of pipeline_explain.onnx's traced network (export/gradient_graph.py: gradients as forward
+# operators), read off the graphs of the model kinds tests/test_gradient_graph.py exports.
+TRACED_OPERATORS = frozenset({
+    "Abs", "And", "ArgMax", "BatchNormalization", "Cast", "CastLike", "Concat", "Constant", "Conv", "ConvTranspose",
+    "Div", "Equal", "Erf", "Exp", "Expand", "Gather", "Gemm", "LayerNormalization", "Less", "LessOrEqual", "Max", "MatMul", "Mul", "Neg",
+    "Not", "Pad", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape", "ScatterElements",
+    "ScatterND", "Shape", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where",
+})
+
 PIPELINE_OPSETS = range(OPSET, max(supported.stop for supported in OPSETS.values()))
 RUN_BASE_BYTES = 2**30  # the child's address space for Python, numpy and onnxruntime (about 210 MB used)
 RUN_TIMEOUT_SECONDS = 120
@@ -104,13 +113,14 @@ def _check_form(model: onnx.ModelProto, path: Path, config: ViTConfig) -> None:
 
 
 def exported_operators(config: ViTConfig) -> frozenset[str]:
-    """The operators pipeline.onnx and pipeline_map.onnx of `config` are made of, read off the
-    graphs the export builds for it: the preprocessing (with and without model_input), the
-    network's (KNOWN_OPS) and the nodes after it (the calibrated softmax, the rollout map)."""
+    """The operators pipeline.onnx, pipeline_map.onnx and pipeline_explain.onnx of `config` are
+    made of, read off the graphs the export builds for it: the preprocessing (with and without
+    model_input), the network's (KNOWN_OPS; TRACED_OPERATORS for the gradients traced into
+    pipeline_explain.onnx) and the nodes after it (the calibrated softmax, the rollout map)."""
     built = [preprocessing_graph(config).graph, preprocessing_graph(config, with_model_input=True).graph,
              onnx.helper.make_graph(pipeline_answers(config).nodes, "pipeline", [], []),
              onnx.helper.make_graph(map_answers(config, "model_input").nodes, "map", [], [])]
-    return frozenset(node.op_type for graph in built for node in _all_nodes(graph)) | KNOWN_OPS
+    return frozenset(node.op_type for graph in built for node in _all_nodes(graph)) | KNOWN_OPS | TRACED_OPERATORS
 
 
 def _all_nodes(graph: onnx.GraphProto):

@@ -108,7 +108,7 @@ def test_export_writes_self_contained_verified_graphs_and_the_config(exported, t
     folder = exported.parent
     assert sorted(path.name for path in folder.iterdir()) == [
         "config.json", "model.onnx", "model_attentions.onnx", "model_export_report.json", "pipeline.onnx",
-        "pipeline_map.onnx", "preprocess.onnx"]
+        "pipeline_explain.onnx", "pipeline_map.onnx", "preprocess.onnx"]
     assert ViTConfig.from_json(folder / "config.json") == tiny[1].config
     report = json.loads((folder / "model_export_report.json").read_text())
     pipeline = report["pipeline"]["pipeline.onnx"]
@@ -656,13 +656,17 @@ def test_cli_exports_quantizes_and_prints_a_summary(trained_tiny_dir, split_imag
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.parent.iterdir()) == [
         "config.json", "tiny.onnx", "tiny_attentions.onnx", "tiny_export_report.json", "tiny_int8.onnx",
-        "tiny_pipeline.onnx", "tiny_pipeline_map.onnx", "tiny_preprocess.onnx"]
+        "tiny_pipeline.onnx", "tiny_pipeline_explain.onnx", "tiny_pipeline_map.onnx",
+        "tiny_preprocess.onnx"]
     assert "tiny.onnx: " in result.stdout and "opset 17" in result.stdout and "int8: accuracy" in result.stdout
     assert "tiny_pipeline.onnx: the Python path's label on" in result.stdout
     assert "tiny_pipeline_map.onnx: the Python path's label on" in result.stdout and "rollout map max|diff|" in result.stdout
+    assert "tiny_pipeline_explain.onnx: the Python path's label on" in result.stdout
+    assert "integrated_gradients map max|diff|" in result.stdout  # a model never measured opens with it
     assert "tiny_preprocess.onnx: the Python path's pixel values on" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == (f"wrote {out.parent}/: tiny.onnx, tiny_attentions.onnx, "
-                                                      f"tiny_pipeline.onnx, tiny_pipeline_map.onnx, tiny_preprocess.onnx, "
+                                                      f"tiny_pipeline.onnx, tiny_pipeline_map.onnx, tiny_pipeline_explain.onnx, "
+                                                      f"tiny_preprocess.onnx, "
                                                       f"tiny_int8.onnx, config.json, tiny_export_report.json")
     assert "created" not in json.loads((out.parent / "tiny_export_report.json").read_text())  # same on every run
 

@@ -19,6 +19,7 @@ from vit_hub.explain.attribution import METHODS
 from vit_hub.export.gradient_graph import (MAP_LABEL_KEY, MAP_METHOD_KEY, graph_method, run_explain_pipeline,
                                            verify_explain_pipeline, write_explain_pipeline)
 from vit_hub.export.map_graph import MAP_TOLERANCE
+from vit_hub.export.pipeline_check import exported_operators
 from vit_hub.export.pipeline_graph import decoded_pixels, verification_uploads
 from vit_hub.export.exporter import write_graph
 from vit_hub.hub.pretrained import HubVisionTransformer, load_model
@@ -98,3 +99,15 @@ def test_a_photo_model_with_a_convolution_stem(tmp_path):
     section = verify_explain_pipeline(graph, layout.logits, layout.attentions, model, uploads)
     assert section["failures"] == [] and section["method"] == "integrated_gradients"
     assert section["map_max_abs_diff"] <= MAP_TOLERANCE
+    assert operators(graph) <= exported_operators(model.config)  # a static Space may bundle it
+
+
+def test_a_static_space_allows_the_bundled_graphs_operators(bundled):
+    model, graph = bundled
+    assert operators(graph) - exported_operators(model.config) == set()
+    assert {"ConvTranspose", "ScatterElements"} <= operators(graph)  # the backward pass, in forward operators
+
+
+def operators(graph) -> set[str]:
+    import onnx
+    return {node.op_type for node in onnx.load(str(graph)).graph.node}

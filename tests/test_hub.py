@@ -177,7 +177,7 @@ def test_with_onnx_without_model_onnx_names_the_export_command(hub, model_dir):
     export_onnx(model_dir, model_dir, output_attentions=True)
     result = push_to_hub(model_dir, REPO, token=TOKEN, with_onnx=True)
     assert set(result.files) == PUSHED | {"model.onnx", "model_attentions.onnx", "pipeline.onnx",
-                                          "pipeline_map.onnx", "preprocess.onnx", ONNX_REPORT}
+                                          "pipeline_map.onnx", "pipeline_explain.onnx", "preprocess.onnx", ONNX_REPORT}
     for graph in ("model.onnx", "pipeline.onnx", "preprocess.onnx"):  # the last two: for apps in other languages
         assert hub.files(REPO)[graph] == (model_dir / graph).read_bytes()
     report = json.loads(hub.files(REPO)[ONNX_REPORT])["graphs"]

@@ -259,7 +259,8 @@ def test_the_onnx_export_writes_a_scratch_folder(tmp_path):
     text = substitute(block(EXPORT), [("--calib-data mnist", "--calib-data mnist --eval-limit 32"),
                                       ("runs/", f"{tmp_path}/runs/")])
     closing = run_block(text).stdout.strip().splitlines()[-1]
-    written = ["model.onnx", "model_attentions.onnx", "pipeline.onnx", "pipeline_map.onnx", "preprocess.onnx",
+    written = ["model.onnx", "model_attentions.onnx", "pipeline.onnx", "pipeline_map.onnx", "pipeline_explain.onnx",
+               "preprocess.onnx",
                "model_int8.onnx", "config.json", "model_export_report.json"]
     assert closing == f"wrote {tmp_path}/runs/onnx/: {', '.join(written)}"
     assert all((tmp_path / "runs" / "onnx" / name).is_file() for name in written)

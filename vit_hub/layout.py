@@ -205,7 +205,8 @@ class ExportLayout:
     def onnx_files(self) -> tuple[Path, ...]:
         """What a model dir ships of an export: the logits graph, the attentions graph (the
         app's ONNX backend draws rollout from it), the pipeline graph, their float16 copies, the
-        pipeline graph with the map, the preprocessing graph and the report."""
+        pipeline graphs with the rollout map and with the page's opening map, the preprocessing
+        graph and the report."""
         graphs = (self.logits, self.attentions, self.pipeline)
-        return (*graphs, *(self.in_precision(graph, "fp16") for graph in graphs), self.pipeline_map, self.preprocess,
-                self.report)
+        return (*graphs, *(self.in_precision(graph, "fp16") for graph in graphs), self.pipeline_map,
+                self.pipeline_explain, self.preprocess, self.report)
