@@ -23,7 +23,9 @@ Measured, written to --out as JSON and printed:
                by a few pixels to a size used nowhere else in the run, routes interleaved):
                median and each;
   seen         ms per upload again at a shape already seen (median of three);
-  large        ms for one 4000x3000 upload (a real one enlarged), at a fresh shape;
+  large        ms for one 4000x3000 upload (a real one enlarged), at a fresh shape: decoded
+               pixels in, and (route_from_jpeg) its JPEG's bytes decoded by
+               UploadClassifier.decode, at the reduced scale the model needs;
   throughput   --batch uploads/s: batched (one call, a worker thread per core) against one at
                a time through the route (workers=1: onnxruntime's threads on one upload), and through
                pipeline.onnx (its shapes seen), each after one untimed pass; plus the network
@@ -37,6 +39,7 @@ torch. --uploads is `<group>/<label>/<file>` (MANIFEST.csv beside).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import platform
 import statistics
@@ -53,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vit_hub.export.batched_runtime import UploadClassifier, available_cores, check_image, decoded_upload  # noqa: E402
+from vit_hub.processing.preprocess import decode_side  # noqa: E402
 from vit_hub.export.pipeline_graph import run_pipeline  # noqa: E402
 from vit_hub.export.runtime import OnnxClassifier  # noqa: E402
 from vit_hub.export.session import (ORT_ERRORS, ProviderFallbackError, provider_name, quiet_session_options,  # noqa: E402
@@ -99,7 +103,8 @@ def reference(model: Path, paths: list[Path]) -> list[np.ndarray | None]:
     answers = []
     for path in paths:
         try:
-            pixels = preprocess(load_image(open_image(path, max_pixels=UPLOAD_MAX_PIXELS)), network.config)
+            upload = open_image(path, max_pixels=UPLOAD_MAX_PIXELS, min_side=decode_side(network.config))  # as the app
+            pixels = preprocess(load_image(upload), network.config)
         except EmptyImageError:
             answers.append(None)
             continue
@@ -187,9 +192,12 @@ class ProviderRun:
 
     def large(self, image: np.ndarray, fresh: FreshShapes) -> dict[str, float]:
         """ms for one upload enlarged to LARGE (at a size no session has seen), per route."""
-        first, second = fresh(image, LARGE), fresh(image, LARGE)
+        first, second, third = fresh(image, LARGE), fresh(image, LARGE), fresh(image, LARGE)
+        stored = io.BytesIO()
+        Image.fromarray(third[..., 0] if third.shape[-1] == 1 else third[..., :3]).save(stored, "JPEG", quality=90)
         return {"pipeline": milliseconds(lambda: pipeline_probabilities(self.pipeline, first)),
-                "route": milliseconds(lambda: self.latency.classify([second]))}
+                "route": milliseconds(lambda: self.latency.classify([second])),
+                "route_from_jpeg": milliseconds(lambda: self.latency.classify([self.latency.decode(stored.getvalue())]))}
 
     def throughput(self, images: list[np.ndarray], pipeline_images: list[np.ndarray]) -> dict[str, Any]:
         """uploads/s: the batch in one call against one upload a call (each after an untimed pass)."""
@@ -283,7 +291,8 @@ def main() -> int:
     paths = dev_uploads(args.uploads)
     if not paths:
         parser.error(f"--uploads: expected images in <group>/<label>/<file>, found none in {args.uploads}")
-    images, expected = [decoded_upload(path) for path in paths], reference(args.model, paths)
+    side = decode_side(OnnxClassifier(args.model, providers="cpu").config)  # as UploadClassifier.decode reads a file
+    images, expected = [decoded_upload(path, side) for path in paths], reference(args.model, paths)
     fresh = FreshShapes()
     report = {"onnxruntime": ort.__version__, "gpu": gpu_name(), "available_providers": ort.get_available_providers(),
               "cpu_cores": available_cores(), "machine": platform.processor() or platform.machine(),

@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from vit_hub.console import OneLineErrorParser, run_reporting_errors  # noqa: E402
 from vit_hub.errors import UserError  # noqa: E402
-from vit_hub.export.batched_runtime import UploadClassifier, decoded_upload  # noqa: E402
+from vit_hub.export.batched_runtime import UploadClassifier  # noqa: E402
 
 MAX_BODY_BYTES = 20 * 2**20  # an upload's file, at most (the app's limit)
 BODY_TIMEOUT_S = 30.0  # to send the body, from the request's headers
@@ -236,8 +236,9 @@ def create_app(classifier: UploadClassifier, batcher: Batcher, queue_limit: int,
 
 def prepared(classifier: UploadClassifier, data: bytes) -> np.ndarray:
     """An uploaded file's bytes -> pixel_values [1, C, H, W], in a decode thread; the decoded
-    image is freed when this returns."""
-    return classifier.preprocess(decoded_upload(data))
+    image is freed when this returns. A large JPEG is decoded at the reduced scale the model
+    needs (`UploadClassifier.decode`), never at full size."""
+    return classifier.preprocess(classifier.decode(data))
 
 
 # glibc serves a block under its mmap threshold from the thread's arena and keeps it there when

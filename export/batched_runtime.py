@@ -3,7 +3,7 @@ CPU provider in a worker thread, then the network once for many uploads on the p
 `OnnxClassifier` picks (CUDA where it starts, with the float16 copy; else the CPU). Torch-free.
 
     with UploadClassifier("models/vit-mnist") as server:     # a model dir with model.onnx
-        answers = server.classify([decoded_upload(path) for path in paths])   # one network run
+        answers = server.classify([server.decode(path) for path in paths])   # one network run
     answers[0].probabilities    # float32 [classes] in config.json's label order; None if refused
     answers[0].refusal          # why it was refused, in one line ("expected an image of a digit, ...")
     server.top_k(answers[0], 3) # [(label, probability), ...], best first
@@ -39,7 +39,7 @@ from vit_hub.errors import UserError
 from vit_hub.processing.canonical import BLANK_IMAGE, NEARLY_BLANK, NO_INK
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.postprocess import top_k as rank_top_k
-from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, decode_side, load_image, open_image
 
 from .pipeline_graph import TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels
 from .preprocess_graph import preprocessing_model, preprocessing_session, run_preprocessing
@@ -97,6 +97,12 @@ class UploadClassifier:
     def providers(self) -> dict[str, list[str]]:
         """Where each part runs: {"preprocessing": [CPU], "network": the network session's providers}."""
         return {"preprocessing": self._preprocessing.get_providers(), "network": self.network.providers}
+
+    def decode(self, source: str | Path | bytes) -> np.ndarray:
+        """An upload's file (or its bytes) -> uint8 [height, width, channels], as `decoded_upload`
+        decodes it for this model: a large JPEG at the reduced scale `decode_side` keeps, so a
+        12-megapixel photo is never decoded or canonicalised at full size."""
+        return decoded_upload(source, decode_side(self.config))
 
     def preprocess(self, image: np.ndarray) -> np.ndarray:
         """uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W]; an upload the
@@ -166,12 +172,15 @@ def refusal(error: Exception) -> str:
     return next((message for message in REFUSALS if message in text), ort_detail(error))
 
 
-def decoded_upload(source: str | Path | bytes | Image.Image) -> np.ndarray:
+def decoded_upload(source: str | Path | bytes | Image.Image, min_side: int | None = None) -> np.ndarray:
     """An upload (a file, its bytes as a server receives them, or an opened image) -> uint8
     [height, width, channels], decoded as the app decodes it: the size checked from the header,
-    a JPEG over UPLOAD_MAX_PIXELS decoded reduced, the EXIF orientation applied; a file that is
-    not a readable image raises UserError in one line (`open_image`)."""
-    image = source if isinstance(source, Image.Image) else open_image(source, max_pixels=UPLOAD_MAX_PIXELS)
+    a JPEG over UPLOAD_MAX_PIXELS decoded reduced, and with `min_side` (the model's `decode_side`;
+    UploadClassifier.decode passes it) a larger JPEG decoded at the most reduced scale that keeps
+    that many pixels on its shorter side; the EXIF orientation applied. A file that is not a
+    readable image raises UserError in one line (`open_image`)."""
+    image = source if isinstance(source, Image.Image) else open_image(source, max_pixels=UPLOAD_MAX_PIXELS,
+                                                                       min_side=min_side)
     return decoded_pixels(load_image(image))
 
 

@@ -418,3 +418,26 @@ def test_a_digit_model_offers_drawing_and_the_bundled_digits(predictor):
     tabs, examples, text = _page_parts(page.build_demo(predictor))
     assert "Draw" in tabs and "draw one" in text
     assert sorted(Path(row[0]["path"]).name for row in examples) == sorted(path.name for path in SAMPLES)
+
+
+def test_a_large_jpeg_is_decoded_at_the_scale_the_model_needs(predictor, tmp_path, monkeypatch):
+    """The app reads a 2400x1800 phone JPEG of a digit at 1/2 a side (the most reduced JPEG scale
+    keeping decode_side's 512 pixels on the shorter side) and answers with the full decode's label."""
+    from gradio.utils import get_upload_folder
+
+    from vit_hub.processing.preprocess import load_image, model_pixels, open_image
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    folder = Path(get_upload_folder()) / "large"
+    folder.mkdir(parents=True)
+    path = folder / "photo.jpg"
+    digit_on_paper(SAMPLES[2], canvas=(2400, 1800), at=(700, 450), side=900).save(path, quality=90)
+    decoded, opened = [], uploads.open_image
+    monkeypatch.setattr(uploads, "open_image",
+                        lambda *args, **kwargs: decoded.append(opened(*args, **kwargs)) or decoded[-1])
+    handlers = page.Handlers(predictor, page.opening_method(predictor))
+    labels = handlers.predict_labels({"path": str(path), "orig_name": "photo.jpg"}, 1)
+    assert [image.size for image in decoded] == [(1200, 900)]
+    config = predictor.config
+    whole, _ = predictor.predict(model_pixels(to_model_domain(load_image(open_image(path)), config), config)[None])
+    assert list(labels) == [config.labels[int(whole[0].argmax())]] == [SAMPLES[2].stem.split("_")[-1]]

@@ -270,3 +270,17 @@ def test_the_kernel_check_finds_what_cuda_has_no_kernel_for():
         ["Abs: not in the table"]  # an operator the table does not list fails until it is added
     assert nodes_without_cuda_kernel(padded(onnx.TensorProto.UINT8), {"x": np.zeros(2, np.uint8)}) == \
         ["Pad on uint8, int64", "Abs: not in the table"]  # CUDA's Pad takes no integers
+
+
+def test_a_large_jpeg_is_decoded_at_the_scale_the_model_needs(server, tmp_path):
+    """UploadClassifier.decode reads a 2400x1800 phone JPEG of a digit at 1/2 a side (1/4 would
+    leave 450 pixels, under decode_side's 512 for a digit model), from a file or its bytes, and
+    the reduced picture gets the full decode's label and nearly its probabilities."""
+    path = tmp_path / "photo.jpg"
+    digit_on_paper(SAMPLES[2], canvas=(2400, 1800), at=(700, 450), side=900).save(path, quality=90)
+    reduced, full = server.decode(path), decoded_upload(path)
+    assert reduced.shape == (900, 1200, 3) and full.shape == (1800, 2400, 3)
+    np.testing.assert_array_equal(server.decode(path.read_bytes()), reduced)
+    small, whole = (answer.probabilities for answer in server.classify([reduced, full]))
+    assert small.argmax() == whole.argmax() == int(SAMPLES[2].stem.split("_")[-1])
+    assert np.abs(small - whole).max() < 0.01

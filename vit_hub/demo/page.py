@@ -41,7 +41,7 @@ from vit_hub.insight.inspect import default_data, load_pixels
 from vit_hub.insight.views import ModelViews, compute_views, pooled_token
 from vit_hub.model.config import ViTConfig, size_text
 from vit_hub.processing.postprocess import top_k
-from vit_hub.processing.preprocess import model_pixels, pixel_limit, to_model_domain
+from vit_hub.processing.preprocess import decode_side, model_pixels, pixel_limit, to_model_domain
 
 CONCURRENCY_LIMIT = 4  # requests computed at once; more wait in the queue
 QUEUE_SIZE = 64
@@ -83,11 +83,16 @@ class Handlers:
             raise UserError(f"top-k: expected a whole number of 1 or more, got {str(k)[:40]!r}")
         return head_fusion, float(discard_ratio), int(k)
 
+    def upload(self, image: dict | None) -> Image.Image:
+        """The uploaded file decoded for this model (`read_upload`: a large JPEG at the reduced
+        scale `decode_side` keeps)."""
+        return read_upload(image, decode_side(self.predictor.config))
+
     def predict(self, image: dict | None, head_fusion: str, discard_ratio: float, k: int,
                 method: str | None = None) -> tuple[dict[str, float], dict]:
         """Top-k labels and the method's map as numbers (`pictures.map_values`)."""
         method = method or self.default_method
-        view = to_model_domain(read_upload(image), self.predictor.config)
+        view = to_model_domain(self.upload(image), self.predictor.config)
         result = answer(self.predictor, view, *self.controls(head_fusion, discard_ratio, k), method)
         return result.scores, map_values(method, result.method_map, self.predictor.config)
 
@@ -95,14 +100,14 @@ class Handlers:
         """The top-k labels only: no map, no pictures."""
         config = self.predictor.config
         k = self.controls(HEAD_FUSIONS[0], 0.0, k)[2]
-        probabilities, _ = self.predictor.predict(model_pixels(to_model_domain(read_upload(image), config), config)[None])
+        probabilities, _ = self.predictor.predict(model_pixels(to_model_domain(self.upload(image), config), config)[None])
         return dict(top_k(probabilities, config.labels, k)[0])
 
     def explain(self, image: dict | None, head_fusion: str, discard_ratio: float, k: int,
                 method: str | None = None) -> tuple:
         """What the page shows: labels, the map over the image, the per-layer strip, the model's
         input and the per-head maps."""
-        return self._pictures(to_model_domain(read_upload(image), self.predictor.config),
+        return self._pictures(to_model_domain(self.upload(image), self.predictor.config),
                               head_fusion, discard_ratio, k, method)
 
     def explain_drawing(self, drawing: dict | None, head_fusion: str, discard_ratio: float, k: int,

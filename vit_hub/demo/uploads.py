@@ -36,16 +36,19 @@ MAX_NAME_CHARS = 80  # of a client's file name, when a message names it
 ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~])/|\b[A-Za-z]:[\\/])(?:[^\s/\\'\"]+[/\\])*(?P<name>[^\s/\\'\"]*)")
 
 
-def read_upload(upload: dict | str | None) -> Image.Image:
+def read_upload(upload: dict | str | None, min_side: int | None = None) -> Image.Image:
     """A file this client uploaded (Gradio's file data) -> decoded PIL image, upright.
 
     Anything unusable raises gr.Error naming the client's own file name, never a server
     path. The size is checked from the header before decoding (`open_image`), so a huge
-    image is refused without spending memory on it.
+    image is refused without spending memory on it. With `min_side` (the model's
+    `preprocess.decode_side`, as the page passes it) a JPEG larger than the model needs is
+    decoded at a reduced scale (1/2, 1/4 or 1/8 a side) keeping that many pixels on its
+    shorter side.
     """
     path, name = uploaded_file(upload)
     try:
-        return load_image(open_image(path, name, APP_MAX_PIXELS))
+        return load_image(open_image(path, name, APP_MAX_PIXELS, min_side))
     except (OSError, UserError) as error:
         raise gr.Error(without_paths(str(error))) from None
 

@@ -19,7 +19,7 @@ from PIL import Image, UnidentifiedImageError
 
 from vit_hub.errors import UserError
 from vit_hub.model.config import ViTConfig, size_text
-from vit_hub.processing.canonical import centre_digit
+from vit_hub.processing.canonical import WORK_SIDE, centre_digit
 
 ImageInput = Union[str, Path, Image.Image, np.ndarray]
 Pixels = Any  # a NumPy array or a torch tensor (this module does not import torch)
@@ -41,6 +41,19 @@ def pixel_limit(max_pixels: int = MAX_PIXELS) -> str:
 
 ORIENTATION_TAG = 0x0112  # EXIF
 JPEG_SCALES = (1, 2, 4, 8)  # the reductions a JPEG decoder makes directly (1, 1/2, 1/4, 1/8 a side)
+# An upload's JPEG is decoded at the most reduced of those scales that keeps, on its shorter side,
+# DECODE_MARGIN x the model's larger side (a photo model: its resize then averages at least that
+# many pixels into each of its own), or for a digit model DIGIT_DECODE_SIDE: twice the plane the
+# canonicalisation searches for ink (canonical.WORK_SIDE), so a digit spanning a fifth of the
+# picture still has more pixels than the 80 its strokes are drawn at (canonical.DETAIL_SIDE).
+DECODE_MARGIN = 4
+DIGIT_DECODE_SIDE = 2 * WORK_SIDE
+
+
+def decode_side(config: ViTConfig) -> int:
+    """The shorter side a JPEG upload keeps when `open_image` decodes it reduced for this model
+    (its `min_side`): BENCHMARKS.md, "Uploads decoded at a reduced scale", measures what it changes."""
+    return DIGIT_DECODE_SIDE if config.canonicalize == "digit" else DECODE_MARGIN * max(config.image_size)
 
 
 def open_image(source: str | Path | bytes, name: str | None = None, max_pixels: int = MAX_PIXELS,
@@ -55,7 +68,8 @@ def open_image(source: str | Path | bytes, name: str | None = None, max_pixels: 
     directly, never holding the full-size pixels. With `min_side` (training reads, which
     resample the image to the model's size anyway) a JPEG is decoded at the smallest of those
     scales whose shorter side keeps `min_side` pixels, in a fraction of the time (BENCHMARKS.md,
-    "The input pipeline and start-up"). `name` is how messages call the file (default: its
+    "The input pipeline and start-up"); uploads pass `decode_side(config)` (the app,
+    UploadClassifier.decode). `name` is how messages call the file (default: its
     path, or "the upload" for bytes); the app passes the client's own file name so that no
     server path reaches a user. A malformed file, whatever Pillow raises for it, is a UserError.
     """
