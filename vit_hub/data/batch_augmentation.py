@@ -50,27 +50,26 @@ NO_BOX = (0, 0, 0, 0)
 
 def unaugmented_draws(height: int, width: int) -> torch.Tensor:
     """The draws of an image left as it is: [DRAW_SIZE]."""
-    row = torch.zeros(DRAW_SIZE)
-    row[CROP] = torch.tensor([height, width], dtype=torch.float32)
-    row[JITTER_ORDER] = torch.arange(4, dtype=torch.float32)
-    row[JITTER_AMOUNTS] = torch.tensor([1.0, 1.0, 1.0, 0.0])
-    return row
+    return _draws_row((height, width), 0.0, [0, 1, 2, 3], [1.0, 1.0, 1.0, 0.0], [(0, 0.0)] * RAND_AUGMENT_OPS, NO_BOX)
 
 
 def draw_photo_augmentation(crop_size: tuple[int, int], image_size: tuple[int, int]) -> torch.Tensor:
     """One photo's draws after its crop box: flip, colour jitter (ColorJitter's order and
     factors), RandAugment's two operations and signs, then random erasing's box, from torch's
     default generator in that order. -> [DRAW_SIZE]"""
-    row = unaugmented_draws(*crop_size)
-    row[FLIP] = float(torch.rand(1) < 0.5)
-    row[JITTER_ORDER] = torch.randperm(4).float()
-    for index, spread in enumerate(JITTER[:3]):
-        row[JITTER_AMOUNTS.start + index] = float(torch.empty(1).uniform_(1 - spread, 1 + spread))
-    row[JITTER_AMOUNTS.stop - 1] = float(torch.empty(1).uniform_(-JITTER[HUE], JITTER[HUE]))
-    for slot in range(RAND_AUGMENT_OPS):
-        row[OPS.start + slot], row[MAGNITUDES.start + slot] = _draw_rand_augment_op(*image_size)
-    row[ERASE] = torch.tensor(erasing_box(*image_size), dtype=torch.float32)
-    return row
+    flip = float(torch.rand(1) < 0.5)
+    order = torch.randperm(4).tolist()
+    amounts = [float(torch.empty(1).uniform_(1 - spread, 1 + spread)) for spread in JITTER[:3]]
+    amounts.append(float(torch.empty(1).uniform_(-JITTER[HUE], JITTER[HUE])))
+    operations = [_draw_rand_augment_op(*image_size) for _ in range(RAND_AUGMENT_OPS)]
+    return _draws_row(crop_size, flip, order, amounts, operations, erasing_box(*image_size))
+
+
+def _draws_row(crop_size: tuple[int, int], flip: float, order: list[int], amounts: list[float],
+               operations: list[tuple[int, float]], box: tuple) -> torch.Tensor:
+    """The draws as one float32 row, in the order of the slices above."""
+    ops, magnitudes = zip(*operations)
+    return torch.tensor([*crop_size, flip, *order, *amounts, *ops, *magnitudes, *box], dtype=torch.float32)
 
 
 def erasing_box(height: int, width: int, p: float = 0.25, scale=(0.02, 0.33), ratio=(0.3, 3.3)) -> tuple:
@@ -138,31 +137,37 @@ def _filter(name: str, x: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"interpolation: expected one of PIL's filters, got {name!r}")
 
 
-
-SUPPORT = {"box": 0.5, "bilinear": 1.0, "hamming": 1.0, "bicubic": 2.0, "lanczos": 3.0}  # each filter's reach
+SUPPORT = {"nearest": 0.5, "box": 0.5, "bilinear": 1.0, "hamming": 1.0, "bicubic": 2.0, "lanczos": 3.0}  # reach
 
 
 def resample_weights(sizes: torch.Tensor, out: int, padded: int, interpolation: str) -> torch.Tensor:
     """[B] input lengths along one axis -> [B, out, padded] weights that resample each image's
     first `sizes[b]` pixels to `out`, as PIL's resize computes them: output pixel o is centred
     at (o + 0.5) * scale in the input, and the filter is widened by the scale when shrinking
-    (an average over what the output pixel covers, not a sample of it). In float64, as PIL
-    computes them: a centre or a filter edge can fall on a whole pixel."""
+    (an average over what the output pixel covers, not a sample of it). Each output pixel's
+    weights are computed on its window of K pixels only, in float64 as PIL computes them (a
+    centre or a filter edge can fall on a whole pixel), then placed in the dense matrix."""
     sizes = sizes.double()[:, None, None]  # [B, 1, 1]
     scale = sizes / out
-    pixels = torch.arange(padded, device=sizes.device, dtype=torch.float64)[None, None, :]  # [1, 1, padded]
+    widen = scale.clamp(min=1.0)
+    reach = SUPPORT[interpolation] * widen  # [B, 1, 1]: how far a filter reaches, in input pixels
+    taps = int(2 * reach.max().ceil()) + 2  # K: the widest window of the batch
     if interpolation == "nearest":  # PIL steps through the input adding the scale (Geometry.c's affine_scale)
         steps = scale.cpu().expand(-1, out, 1).clone()
         steps[:, 0] *= 0.5
-        weights = (pixels == steps.cumsum(1).to(sizes.device).floor()).double()  # sequential sums, as PIL's
+        first = steps.cumsum(1).to(sizes.device).floor()  # [B, out, 1]: sequential sums, as PIL's
+        pixels = first + torch.zeros(taps, device=sizes.device, dtype=torch.float64)
+        weights = (pixels == first).double()
     else:
         centres = (torch.arange(out, device=sizes.device, dtype=torch.float64)[None, :, None] + 0.5) * scale
-        widen = scale.clamp(min=1.0)
-        support = SUPPORT[interpolation] * widen  # PIL's window: where a filter edge meets a pixel, it decides
-        window = (pixels >= (centres - support + 0.5).floor()) & (pixels < (centres + support + 0.5).floor())
-        weights = _filter(interpolation, (pixels - centres + 0.5) * (1.0 / widen)) * window  # [B, out, padded]
-    weights = weights * (pixels < sizes)  # padding never contributes
-    return (weights / weights.sum(-1, keepdim=True)).float()
+        first = (centres - reach + 0.5).floor()  # [B, out, 1]: PIL's window is [first, last)
+        pixels = first + torch.arange(taps, device=sizes.device, dtype=torch.float64)  # [B, out, K]
+        window = pixels < (centres + reach + 0.5).floor()
+        weights = _filter(interpolation, (pixels - centres + 0.5) * (1.0 / widen)) * window
+    weights = weights * ((pixels >= 0) & (pixels < sizes))  # nothing outside the image or in its padding
+    weights = (weights / weights.sum(-1, keepdim=True)).float()
+    dense = torch.zeros(len(sizes), out, padded, device=sizes.device)
+    return dense.scatter_add_(2, pixels.clamp(0, padded - 1).long(), weights)
 
 
 def resample(crops: torch.Tensor, sizes: torch.Tensor, flipped: torch.Tensor, image_size: tuple[int, int],
