@@ -258,6 +258,7 @@ class StreamedTraining(IterableDataset):
         self.epoch, self.start_step = 0, 0
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """The epoch to read next, from its batch `start_step` on (a run resumed within it)."""
         self.epoch, self.start_step = epoch, start_step
 
     def __len__(self) -> int:

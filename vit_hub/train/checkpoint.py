@@ -36,6 +36,7 @@ from vit_hub.train.settings import HOW_TO_RUN, TrainingError, TrainSettings, set
 # easy images, often an early one, while the last epoch of the cosine schedule is the settled
 # model (BENCHMARKS.md, "Real photos over three seeds").
 MIN_VAL_TO_CHOOSE = 1000
+RNG_KEY = "rng"  # a checkpoint's random states (tensors named rng/cpu, rng/cuda)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,12 @@ class Progress:
     best_loss: float = math.inf
     kept_epoch: int = 0
     selection: Selection = Selection(True, "the best epoch")
+    # A streamed run checkpointed within an epoch: the steps done of the next epoch, the loss
+    # sum, correct and seen so far over every process, and the random state of dropout then.
+    step_in_epoch: int = 0
+    epoch_sums: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0, 0.0])
+    rng: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    stream_layout: list[int] | None = None  # [processes, loader workers]: what cut the epoch's batches
 
     def add(self, record: dict[str, Any]) -> bool:
         """Record an epoch; True when it is the best so far (validation accuracy, else training).
@@ -79,6 +86,7 @@ class Progress:
         when it is not."""
         self.history.append(record)
         self.epochs_done = record["epoch"]
+        self.within(0, [0.0, 0.0, 0.0], {}, None)
         accuracy = record.get("val_accuracy", record["train_accuracy"])
         loss = record.get("val_loss", record["train_loss"])
         improved = (accuracy, -loss) > (self.best_accuracy, -self.best_loss)
@@ -88,6 +96,10 @@ class Progress:
             self.kept_epoch = self.epochs_done
         return improved
 
+    def within(self, steps: int, sums: list[float], rng: dict[str, torch.Tensor], layout: list[int] | None) -> None:
+        """Record `steps` steps done of the epoch after `epochs_done` (0: at its start)."""
+        self.step_in_epoch, self.epoch_sums, self.rng, self.stream_layout = steps, sums, rng, layout
+
     def kept(self) -> dict[str, Any]:
         """Which weights the model dir holds and why, for metrics.json and the log."""
         return {"epoch": self.kept_epoch, "by_validation": self.selection.by_validation,
@@ -96,20 +108,24 @@ class Progress:
     def state(self) -> dict[str, Any]:
         """The checkpoint's record of the progress (JSON-native)."""
         return {"epoch": self.epochs_done, "history": self.history, "best_accuracy": self.best_accuracy,
-                "best_loss": self.best_loss, "kept_epoch": self.kept_epoch}
+                "best_loss": self.best_loss, "kept_epoch": self.kept_epoch, "step_in_epoch": self.step_in_epoch,
+                "epoch_sums": self.epoch_sums, "stream_layout": self.stream_layout}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], selection: Selection) -> "Progress":
+        """The progress a checkpoint's state records (`load_checkpoint`'s, with its random state)."""
         return cls(state["epoch"], state["history"], state["best_accuracy"], state.get("best_loss", math.inf),
-                   state.get("kept_epoch", 0), selection)
+                   state.get("kept_epoch", 0), selection, state.get("step_in_epoch", 0),
+                   state.get("epoch_sums", [0.0, 0.0, 0.0]), state.get(RNG_KEY, {}), state.get("stream_layout"))
 
 
 def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any]) -> None:
+                    state: dict[str, Any], rng: dict[str, torch.Tensor] | None = None) -> None:
     """Model + optimizer tensors in safetensors, everything else as JSON metadata in the
-    same file. Written to a temporary name, flushed to disk, then renamed (`replacing`): a
-    kill or a crash never leaves half a file."""
+    same file (`rng`: random states, for a checkpoint within an epoch). Written to a temporary
+    name, flushed to disk, then renamed (`replacing`): a kill or a crash never leaves half a file."""
     tensors = {f"model/{name}": value.contiguous() for name, value in model.state_dict().items()}
+    tensors.update({f"{RNG_KEY}/{name}": value for name, value in (rng or {}).items()})
     optimizer_state = optimizer.state_dict()
     for index, values in optimizer_state["state"].items():
         for key, value in values.items():
@@ -122,7 +138,8 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Put the checkpoint's tensors back into `model` and `optimizer`; returns its JSON state."""
+    """Put the checkpoint's tensors back into `model` and `optimizer`; returns its JSON state,
+    with the random states it holds under RNG_KEY."""
     metadata = _checkpoint_metadata(path)
     with reading_safetensors(path):
         tensors = load_file(str(path))
@@ -133,7 +150,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
             _, index, name = key.split("/", 2)
             optimizer_state["state"].setdefault(int(index), {})[name] = value
     optimizer.load_state_dict(optimizer_state)
-    return json.loads(metadata["state"])
+    rng = {key.split("/", 1)[1]: value for key, value in tensors.items() if key.startswith(f"{RNG_KEY}/")}
+    return json.loads(metadata["state"]) | ({RNG_KEY: rng} if rng else {})
 
 
 def read_checkpoint_state(out: Path) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from vit_hub.train.loaders import RunLoaders, UnreadableReport
 from vit_hub.train.schedule import Schedule
 from vit_hub.train.settings import TrainingError, TrainSettings
 from vit_hub.train.step import TrainStep
+from vit_hub.train.streaming import epoch_loader, record_within, resume_within
 
 # Each epoch reseeds dropout and stochastic depth with seed x this + epoch, so a resumed run draws
 # what an uninterrupted one would, and no two (seed, epoch) pairs share a stream.
@@ -129,7 +130,7 @@ class Trainer:
         elif not self.settings.init:  # a run from scratch --overwrite-ing a fine-tuned one
             self.out.source.unlink(missing_ok=True)
         self._announce()
-        if self.progress.epochs_done == 0:
+        if self.progress.epochs_done == 0 and self.progress.step_in_epoch == 0:
             self._save_checkpoint()
 
     def _announce(self) -> None:
@@ -154,13 +155,15 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
         seen, lr = 0, schedule.peak_lr
+        start, (loss_sum, correct, seen) = resume_within(self.progress, self.runtime, self.loaders, epoch,
+                                                         (loss_sum, correct, seen))
         started = time.perf_counter()
-        bar = tqdm(self.loaders.epoch(epoch), desc=f"epoch {epoch + 1}/{schedule.epochs}",
-                   total=schedule.steps_per_epoch, disable=not self.runtime.is_main, leave=False,
+        bar = tqdm(epoch_loader(self.loaders, epoch, start), desc=f"epoch {epoch + 1}/{schedule.epochs}",
+                   total=schedule.steps_per_epoch - start, disable=not self.runtime.is_main, leave=False,
                    mininterval=0.5 if sys.stderr.isatty() else 30.0)  # logs: a line every 30 s
         for step_in_epoch, (pixels, labels, draws) in enumerate(bar):
             self.data.unreadable.report()
-            lr = schedule.lr_at(epoch * schedule.steps_per_epoch + step_in_epoch)
+            lr = schedule.lr_at(epoch * schedule.steps_per_epoch + start + step_in_epoch)
             self.step.set_lr(lr)
             # uint8 pixels and draws from the workers (pinned on CUDA), finished on the device
             images = self.loaders.model_input(pixels.to(device, non_blocking=True),
@@ -170,6 +173,8 @@ class Trainer:
             loss_sum += loss.detach().double() * len(labels)
             correct += (logits.argmax(1) == labels).sum()
             seen += len(labels)
+            if record_within(self, start + step_in_epoch + 1, (loss_sum, correct, seen)) and self.runtime.is_main:
+                self._save_checkpoint()  # a streamed run's, within the epoch
             if step_in_epoch % 10 == 0:
                 bar.set_postfix(run_report.progress_fields(loss_sum, correct, seen, lr, started,
                                                            self.runtime.world_size))
@@ -232,7 +237,7 @@ class Trainer:
         settings = dataclasses.replace(self.settings, lr=self.plan.schedule.peak_lr)
         state = {**self.progress.state(), "settings": dataclasses.asdict(settings),
                  "config": self.plan.config.to_dict()}
-        save_checkpoint(self.out.checkpoint, self.model, self.step.optimizer, state)
+        save_checkpoint(self.out.checkpoint, self.model, self.step.optimizer, state, self.progress.rng)
 
     def _metrics(self) -> dict[str, Any]:
         return {

@@ -35,7 +35,7 @@ MAX_WORKERS = 64  # DataLoader processes; far more only hangs the machine starti
 MODEL_FIELDS = tuple(field.name for field in dataclasses.fields(ViTConfig)
                      if field.name not in ("num_classes", "labels", "temperature"))
 # Settings that say how a run is carried out, not what it computes: --resume may change them.
-HOW_TO_RUN = ("num_workers", "device", "compile", "strict")
+HOW_TO_RUN = ("num_workers", "device", "compile", "strict", "checkpoint_steps")
 OUT_LOCK = ".vit-hub-train.lock"  # in --out while a run writes it (holding_out)
 FILE_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
               stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}  # what a path that is not a regular file is
@@ -61,6 +61,8 @@ class TrainSettings:
         label_column: a Hugging Face dataset's column of classes; default: its one ClassLabel.
         stream: read the training split of parquet shards as it trains, block by block, never whole
             (WebDataset tar shards always are).
+        checkpoint_steps: a streamed run also saves a resumable checkpoint every this many steps within
+            an epoch (`--resume` carries on from the next batch; a folder's run resumes at its last epoch).
         preset: architecture preset; default: chosen from the data.
         model: overrides of the ViTConfig fields in MODEL_FIELDS (the preset's or the data's choice).
         epochs: passes over the training images; default: about 200k images seen, 10 to 200 epochs.
@@ -95,6 +97,7 @@ class TrainSettings:
     image_column: str | None = None
     label_column: str | None = None
     stream: bool = False
+    checkpoint_steps: int = 500
     preset: str | None = one_of(None, tuple(PRESETS))
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     epochs: int | None = None
@@ -131,6 +134,7 @@ def check_settings(settings: TrainSettings) -> None:
          settings.warmup_epochs is None or 0 <= settings.warmup_epochs < math.inf, "a finite value >= 0"),
         ("--label-smoothing", settings.label_smoothing, 0 <= settings.label_smoothing < 1, "a value in [0, 1)"),
         ("--grad-clip", settings.grad_clip, 0 < settings.grad_clip < math.inf, "a positive, finite max gradient norm"),
+        ("--checkpoint-steps", settings.checkpoint_steps, settings.checkpoint_steps >= 1, "a positive number of steps"),
         ("--workers", settings.num_workers, settings.num_workers is None or 0 <= settings.num_workers <= MAX_WORKERS,
          f"a count from 0 to {MAX_WORKERS}"),
         ("--device", repr(settings.device), re.fullmatch(DEVICE_PATTERN, settings.device) is not None,
