@@ -18,7 +18,9 @@ as that revision's classifier does (`UploadClassifier.decode` where the revision
 `decoded_upload`, which decodes in full) and classifies it, one upload a call. The clock is the
 child's CPU time (`time.process_time`: every thread of the process) over the set, divided by its
 uploads, after one untimed pass; revisions alternate round by round and the medians of
---rounds are reported, with their ratio. Each child also gives its answers, and the Python
+--rounds are reported, with their ratio. `--work-side N` runs this tree with the digit
+canonicalisation's ink-search plane (`canonical.WORK_SIDE`, 256) at N instead: what a smaller
+plane would save and what it would move. Each child also gives its answers, and the Python
 app's (the file read as that revision's app reads it: `open_image` with the model's
 `decode_side` where the revision has one, `preprocess`, model.onnx, softmax): the table says
 how many labels are equal between the revisions and the largest probability difference.
@@ -73,10 +75,13 @@ def large_photos(args: argparse.Namespace, digit: bool, uploads: list[Path]) -> 
 
 
 # The child: one revision -------------------------------------------------------------------------
-def child(tree: str, model: str, paths: list[str], passes: int) -> dict:
+def child(tree: str, model: str, paths: list[str], passes: int, work_side: int | None) -> dict:
     """CPU ms per upload through this revision's UploadClassifier (after an untimed pass), its
-    answers, and its Python app's answers."""
+    answers, and its Python app's answers; `work_side` replaces canonical.WORK_SIDE (this tree only)."""
     sys.path.insert(0, tree)
+    if work_side:
+        from vit_hub.processing import canonical
+        canonical.WORK_SIDE = work_side  # read when the graph is built and on each Python call
     from vit_hub.errors import UserError
     from vit_hub.export import batched_runtime
     from vit_hub.export.runtime import OnnxClassifier
@@ -107,9 +112,9 @@ def child(tree: str, model: str, paths: list[str], passes: int) -> dict:
     return {"cpu_ms": cpu_ms, "route": route, "app": app}
 
 
-def run_child(tree: Path, model: Path, paths: list[Path], passes: int) -> dict:
+def run_child(tree: Path, model: Path, paths: list[Path], passes: int, work_side: int | None = None) -> dict:
     command = [sys.executable, __file__, "--child", str(tree), "--model", str(model), "--passes", str(passes),
-               *(str(path.resolve()) for path in paths)]
+               *(["--work-side", str(work_side)] if work_side else []), *(str(path.resolve()) for path in paths)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tree)
     if done.returncode != 0:
         raise SystemExit(f"the child for {tree} failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -154,7 +159,8 @@ def measure(args: argparse.Namespace, sets: dict[str, list[Path]]) -> list[str]:
         rounds: dict[str, list[dict]] = {tree: [] for tree in trees}
         for index in range(args.rounds):
             for tree in (list(trees) if index % 2 == 0 else list(trees)[::-1]):
-                rounds[tree].append(run_child(trees[tree], args.model.resolve(), paths, args.passes))
+                side = args.work_side if tree == "this tree" else None
+                rounds[tree].append(run_child(trees[tree], args.model.resolve(), paths, args.passes, side))
         old, new = (statistics.median(result["cpu_ms"] for result in rounds[tree]) for tree in trees)
         route = agreement(rounds["this tree"][0]["route"], rounds["reference"][0]["route"])
         app = agreement(rounds["this tree"][0]["app"], rounds["reference"][0]["app"])
@@ -177,11 +183,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sides", type=int, nargs="+", default=[64, 224],
                         help="photo-model sides whose input change is measured (default 64 224)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/vit_hub_upload_cpu"), help="where the 12 MP JPEGs go")
+    parser.add_argument("--work-side", type=int, help="this tree's canonical.WORK_SIDE for the run (a what-if)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, str(args.model), args.paths, args.passes)))
+        print(json.dumps(child(args.child, str(args.model), args.paths, args.passes, args.work_side)))
         return
     if not args.reference or not (args.uploads or args.photos):
         parser.error("expected --reference and one of --uploads or --photos")

@@ -204,6 +204,24 @@ def test_the_batcher_refuses_what_would_stop_it(batch, wait_ms):
 
 
 # Requests -----------------------------------------------------------------------------------------
+def test_a_large_jpeg_is_decoded_at_the_scale_the_model_needs(tmp_path):
+    """The server's decode thread reads a 2400x1800 phone JPEG's bytes at 1200x900 (1/2 a side,
+    keeping a digit model's 512 pixels on the shorter side) and preprocesses that, with the
+    label of the full decode."""
+    from conftest import digit_on_paper
+
+    stored = tmp_path / "photo.jpg"
+    digit_on_paper(SAMPLES[2], canvas=(2400, 1800), at=(700, 450), side=900).save(stored, quality=90)
+    with UploadClassifier(MODEL_DIR, providers="cpu", workers=1) as classifier:
+        seen, preprocess = [], classifier.preprocess
+        classifier.preprocess = lambda image: seen.append(image.shape) or preprocess(image)
+        reduced = example.prepared(classifier, stored.read_bytes())
+        whole = preprocess(decoded_upload(stored))
+        labels = [int(classifier.probabilities(pixels)[0].argmax()) for pixels in (reduced, whole)]
+    assert seen == [(900, 1200, 3)]
+    assert labels == [int(SAMPLES[2].stem.split("_")[-1])] * 2
+
+
 def test_concurrent_requests_get_the_routes_labels(server):
     with ThreadPoolExecutor(4) as pool:
         replies = list(pool.map(lambda path: post(server, path.read_bytes()), SAMPLES))
