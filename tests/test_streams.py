@@ -205,3 +205,13 @@ def test_a_streamed_run_killed_within_an_epoch_and_resumed_ends_with_the_uninter
     train(TrainSettings(data="", out=str(tmp_path / "killed")), resume=True)
     first, second = load_file(str(whole / "model.safetensors")), load_file(str(tmp_path / "killed" / "model.safetensors"))
     assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+def test_the_card_names_local_tar_shards_by_their_folder_and_format(shards):
+    from conftest import tiny_config
+    from vit_hub.hub.card import card_metadata
+    from vit_hub.model.config import ViTConfig
+
+    metrics = {"settings": {"data": str(shards / "tar")}, "final": {"split": "test", "accuracy": 0.5}}
+    result = card_metadata(ViTConfig(**tiny_config()), metrics, "m").eval_results[0]
+    assert (result.dataset_name, result.dataset_type) == ("tar", "webdataset")

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from vit_hub.data.hub_datasets import hub_reference, is_dataset_folder
+from vit_hub.data.hub_datasets import TAR_SUFFIX, hub_reference, is_dataset_folder
 from vit_hub.errors import DataError, UserError
 from vit_hub.insight.views import NOT_SHOWN
 from vit_hub.layout import INSPECT_FIGURES, ModelDir
@@ -81,12 +81,13 @@ def _dataset_id(data: str) -> tuple[str | None, str | None]:
 
 def _local_dataset(data: str) -> tuple[str, str]:
     """(its format, its name) of a --data with no Hub id: a Hugging Face dataset folder's
-    builder (parquet, arrow) or imagefolder, and the folder's own name (as the run gave it:
+    builder (parquet, arrow, webdataset) or imagefolder, and the folder's own name (as the run gave it:
     the card says the same where it is pushed from another machine)."""
     name = os.path.basename(os.path.normpath(data)) if data else ""
     kind = "imagefolder"
     if data and is_dataset_folder(Path(data)):
-        kind = "arrow" if any(Path(data).glob("**/*.arrow")) else "parquet"
+        kind = next((name for name, pattern in (("arrow", "**/*.arrow"), ("webdataset", f"*{TAR_SUFFIX}"))
+                     if any(Path(data).glob(pattern))), "parquet")
     return kind, name if name not in ("", ".", "..") else "image folder"
 
 
