@@ -286,7 +286,8 @@ def test_the_same_images_as_a_folder_and_as_a_dataset_train_the_same_model(saved
     trained = {}
     for name, data in (("folder", folder), ("dataset", saved)):
         done = subprocess.run([sys.executable, "-m", "vit_hub", "train", "--data", str(data), "--out",
-                               str(tmp_path / f"{name}-model"), "--epochs", "2", *TINY_TRAIN_FLAGS, "--augment", "photos"],
+                               str(tmp_path / f"{name}-model"), "--epochs", "2", *TINY_TRAIN_FLAGS,
+                               "--augment", "photos"],
                               capture_output=True, text=True, cwd=ROOT, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         trained[name] = (load_file(str(tmp_path / f"{name}-model" / "model.safetensors")),

@@ -65,7 +65,8 @@ def shards(tmp_path_factory) -> Path:
         rows = datasets.Dataset.from_dict({"image": images, "label": labels}, features=features)
         for part in range(parts):
             piece = rows.shard(parts, part, contiguous=True)
-            piece.to_parquet(str(root / "parquet" / "data" / f"{split}-{part:05d}-of-{parts:05d}.parquet"), batch_size=5)
+            name = f"{split}-{part:05d}-of-{parts:05d}.parquet"
+            piece.to_parquet(str(root / "parquet" / "data" / name), batch_size=5)
             write_tar(root / "tar" / f"{split}-{part:06d}.tar",
                       [(f"{part}_{row:04d}.{kind}", data) for row, example in enumerate(piece)
                        for kind, data in (("png", png(example["image"])), ("cls", str(example["label"]).encode()))])
@@ -203,7 +204,8 @@ def test_a_streamed_run_killed_within_an_epoch_and_resumed_ends_with_the_uninter
     from vit_hub.train.run import train
 
     train(TrainSettings(data="", out=str(tmp_path / "killed")), resume=True)
-    first, second = load_file(str(whole / "model.safetensors")), load_file(str(tmp_path / "killed" / "model.safetensors"))
+    first = load_file(str(whole / "model.safetensors"))
+    second = load_file(str(tmp_path / "killed" / "model.safetensors"))
     assert all(torch.equal(first[name], second[name]) for name in first)
 
 

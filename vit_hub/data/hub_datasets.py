@@ -18,10 +18,11 @@ own, as `load_dataset(name, config)` takes it: a Hub path has no place for a con
 The images are the one column whose feature is an `Image`, the labels the one that is a
 `ClassLabel`, whose names are the classes; `--image-column` and `--label-column` name them
 when the features alone do not tell. A dataset with no such column, or several and none
-named, or a named column of another kind, is refused in one line naming the columns it has. The splits map as a folder's do: `train`,
-`validation` (or `valid`, `val`) as val, `test`. Rows are decoded one at a time as training
-reads them, as a folder's files are; an image that does not decode is skipped as a folder's
-unreadable file is.
+named, or a named column of another kind, is refused in one line naming the columns it has.
+The splits map as a folder's do: `train`, `validation` (or `valid`, `val`) as val, `test`.
+Rows are decoded one at a time as training reads them, as a folder's files are; an image that
+does not decode is skipped as a folder's unreadable file is. Parquet shards read with
+`--stream`, and WebDataset tar shards, are read shard by shard instead (`vit_hub.data.streams`).
 """
 
 from __future__ import annotations
