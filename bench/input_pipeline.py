@@ -105,7 +105,7 @@ def worker_cpu(folder: Path, round_index: int, samples: int, batch: int, batches
     result = {"worker_ms": (time.process_time() - started) / samples * 1e3}
     if hasattr(batches, "CropBatches"):
         collate = batches.CropBatches()
-        groups = [made[start:start + batch] for start in range(0, batch * batches_timed, batch)]
+        groups = [made[start:start + batch] for start in range(0, len(made) - batch + 1, batch)][:batches_timed]
         transform.finish(*collate(groups[0])[::2])  # untimed first batch
         started = time.process_time()
         for group in groups:
@@ -270,7 +270,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=1200, help="JPEGs in the generated folder")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of every measurement")
-    parser.add_argument("--samples", type=int, default=96, help="images a worker measurement reads")
+    parser.add_argument("--samples", type=int, default=128, help="images a worker measurement reads")
     parser.add_argument("--batches", type=int, default=4, help="timed batches per loader or batch measurement")
     parser.add_argument("--workers", type=int, default=2, help="worker processes for the loaders' second figure")
     parser.add_argument("--step-batch", type=int, default=8, help="batch of the model step row")

@@ -21,7 +21,7 @@ from vit_hub.data.batch_augmentation import ERASE, augment_photos, draw_photo_au
 from vit_hub.data.choices import AUGMENTATIONS
 from vit_hub.errors import DataError
 from vit_hub.model.config import ViTConfig
-from vit_hub.processing.preprocess import channels_first, dataset_stats, normalize, resize, to_model_domain
+from vit_hub.processing.preprocess import dataset_stats, normalize, resize, to_model_domain
 
 CROP_SCALE = (0.5, 1.0)  # share of the image a random-resized crop keeps
 ELASTIC_ALPHA, ELASTIC_SIGMA = 8.0, 3.0  # digits: displacement field strength and smoothness, in pixels
