@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from conftest import CLASSES, TINY_MODEL, TINY_RUN, assert_one_line, draw_example, free_port
 from vit_hub.data.hub_datasets import DatasetOptions
 from vit_hub.data.sources import load_splits
-from vit_hub.data.streams import process_batches, worker_batches
+from vit_hub.data.streams import StreamedTraining, process_batches, worker_batches
 from vit_hub.errors import DataError
 from vit_hub.train.settings import TrainSettings
 
@@ -217,3 +217,28 @@ def test_the_card_names_local_tar_shards_by_their_folder_and_format(shards):
     metrics = {"settings": {"data": str(shards / "tar")}, "final": {"split": "test", "accuracy": 0.5}}
     result = card_metadata(ViTConfig(**tiny_config()), metrics, "m").eval_results[0]
     assert (result.dataset_name, result.dataset_type) == ("tar", "webdataset")
+
+
+def test_a_hub_dataset_streamed_is_listed_and_read_by_ranges_without_a_download(shards, tmp_path, monkeypatch):
+    """hf://datasets/OWNER/NAME with --stream: the shards are listed and read through
+    huggingface_hub's HfFileSystem (here a file system over a local folder in the Hub's layout,
+    as the Hub serves it), none fetched into the cache."""
+    import shutil
+
+    import huggingface_hub
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+
+    shutil.copytree(shards / "parquet", tmp_path / "hub" / "datasets" / "someone" / "shapes")
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(huggingface_hub, "HfFileSystem",
+                        lambda: DirFileSystem(path=str(tmp_path / "hub"), fs=LocalFileSystem()))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    loaded = load_splits("hf://datasets/someone/shapes", val_split=0, options=DatasetOptions(stream=True))
+    assert loaded.streamed and loaded.labels == LABELS and (len(loaded.train), len(loaded.test)) == (48, 12)
+    assert all(isinstance(shard, str) for shard in loaded.train.dataset.shards)
+    images, labels = photos(6, seed=4)
+    assert np.array_equal(np.asarray(loaded.test[7][0]), np.asarray(images[7].convert("RGB")))
+    stream = StreamedTraining(loaded.train.dataset, loaded.train.indices, 0, 8, 0, 1, lambda *sample: sample[1])
+    assert sorted(stream) == list(range(48))  # every training row read once, block by block
+    assert not (tmp_path / "cache").exists()

@@ -100,6 +100,36 @@ def _snapshot(data: str, config: str | None = None) -> Path:
                         f"found {type(error).__name__}: {detail}") from None
 
 
+def remote_shards(data: str, config: str | None = None) -> dict[str, list[str]] | None:
+    """{split: its shards' paths on the Hub} of `--data hf://datasets/...` streamed, listed
+    without fetching any (HfFileSystem; read by ranges as training reads them); None offline,
+    where the shards are read from the cache's snapshot instead."""
+    from huggingface_hub import HfFileSystem, is_offline_mode
+
+    if is_offline_mode():
+        return None
+    repo_id, revision = hub_reference(data)
+    root = f"datasets/{repo_id}" + (f"@{revision}" if revision else "")
+    folders = [root, f"{root}/data"] if config is None else [f"{root}/{config}"]
+    try:
+        system = HfFileSystem()
+        paths = sorted(str(path) for folder in folders for suffix in SHARD_SUFFIXES
+                       for path in system.glob(f"{folder}/*{suffix}"))
+    except Exception as error:  # noqa: BLE001 - missing, gated, no network: many kinds
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise DataError(f"--data {data}: expected the Hub dataset {repo_id}, found {type(error).__name__}: "
+                        f"{detail}") from None
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        split = path.rsplit("/", 1)[-1].split("-", 1)[0].split(".", 1)[0]
+        if split in SPLITS and not path.endswith(".arrow"):
+            found.setdefault(split, []).append(path)
+    if not found:
+        raise DataError(f"--data {data} --stream: expected parquet or tar shards named by split in {root} "
+                        f"{'or its data/' if config is None else ''}, found none")
+    return found
+
+
 def is_saved_dataset(path: Path) -> bool:
     """Whether `path` is a folder save_to_disk wrote."""
     return any((path / name).is_file() for name in SAVED_MARKERS)

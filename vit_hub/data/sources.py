@@ -34,7 +34,8 @@ from vit_hub.data.choices import TORCHVISION_DATASETS
 from vit_hub.data.colour import ColourEvidence, colour_evidence, colour_thumbnail
 from vit_hub.data.folders import FolderImages, FolderIndex, UnreadableFiles, UnreadableImage, index_image_folder
 from vit_hub.data.hub_datasets import (HUB_PREFIX, TAR_SUFFIX, DatasetOptions, HubImages, dataset_folder,
-                                       is_dataset_folder, is_saved_dataset, read_dataset, shard_files)
+                                       is_dataset_folder, is_saved_dataset, read_dataset, remote_shards,
+                                       shard_files)
 from vit_hub.data.streams import ShardedRows, read_sharded
 from vit_hub.errors import DataError
 from vit_hub.model.config import (CONV_STEMS, DIGIT_LABELS, ViTConfig, convstem_fits, is_small_photo_folder,
@@ -105,6 +106,8 @@ def load_splits(data: str, data_root: str | None = None, val_split: float = 0.1,
         splits = _bundled_mnist()
     elif name in TORCHVISION_DATASETS and not Path(data).is_dir():
         splits = _torchvision_dataset(name, data_root)
+    elif options.stream and data.startswith(HUB_PREFIX) and (remote := remote_shards(data, options.config)):
+        splits = _hub_dataset(Path(data.removeprefix(HUB_PREFIX).partition("@")[0]), data, options, remote)
     elif (folder := dataset_folder(data, options.config)) is not None:
         splits = _hub_dataset(folder, data, options)
     else:
@@ -189,11 +192,13 @@ def _torchvision_dataset(name: str, data_root: str | None) -> DataSplits:
     return DataSplits(Split(train), None, Split(test), labels, f"{name} ({root})")
 
 
-def _hub_dataset(path: Path, data: str, options: DatasetOptions) -> DataSplits:
+def _hub_dataset(path: Path, data: str, options: DatasetOptions, files: dict | None = None) -> DataSplits:
     """A Hugging Face dataset, or WebDataset tar shards: read whole by `datasets`, or shard by
-    shard (`vit_hub.data.streams`) for tar shards and with --stream."""
-    files = None if is_saved_dataset(path) else shard_files(path, options.config)
-    if files and (options.stream or any(shard.suffix == TAR_SUFFIX for shards in files.values() for shard in shards)):
+    shard (`vit_hub.data.streams`) for tar shards and with --stream (`files`: the shards on the
+    Hub, streamed from there)."""
+    files = files or (None if is_saved_dataset(path) else shard_files(path, options.config))
+    if files and (options.stream or any(str(shard).endswith(TAR_SUFFIX) for shards in files.values()
+                                        for shard in shards)):
         parts, labels = read_sharded(path, files, options)
     elif options.stream:
         raise DataError(f"--stream: expected --data to be parquet or tar shards, found {path.name}, which "

@@ -74,11 +74,11 @@ class ShardedRows:
         """The encoded images of block `number`, in its order (None where a row holds no bytes)."""
         block = self.blocks[number]
         if self.image_column is None:  # a tar shard
-            with open(self.shards[block.shard], "rb") as file:
+            with open_shard(self.shards[block.shard]) as file:
                 return [_read_at(file, offset, size) for offset, size in block.where]
         import pyarrow.parquet as pq
 
-        with pq.ParquetFile(self.shards[block.shard]) as file:
+        with open_shard(self.shards[block.shard]) as handle, pq.ParquetFile(handle) as file:
             cells = file.read_row_group(block.where, columns=[self.image_column]).column(0).to_pylist()
         return [(cell or {}).get("bytes") for cell in cells]
 
@@ -88,12 +88,22 @@ class ShardedRows:
         number = int(self.block_of(np.asarray([index]))[0])
         block = self.blocks[number]
         if self.image_column is None:
-            with open(self.shards[block.shard], "rb") as file:
+            with open_shard(self.shards[block.shard]) as file:
                 data = _read_at(file, *block.where[index - block.first])
             return decode(data, index, min_side), int(self.targets[index])
         if self.cached is None or self.cached[0] != number:
             self.cached = (number, self.read_block(number))
         return decode(self.cached[1][index - self.blocks[number].first], index, min_side), int(self.targets[index])
+
+
+def open_shard(shard: Path | str):
+    """A shard's file: on this machine (a Path), or on the Hub (a str, `datasets/OWNER/NAME/...`),
+    read by ranges as it is read (huggingface_hub's HfFileSystem)."""
+    if isinstance(shard, str):
+        from huggingface_hub import HfFileSystem
+
+        return HfFileSystem().open(shard, "rb")
+    return open(shard, "rb")
 
 
 def _read_at(file, offset: int, size: int) -> bytes:
@@ -116,14 +126,15 @@ def decode(data: bytes | None, index: int, min_side: int | None = None) -> Image
 
 
 # Reading shards ---------------------------------------------------------------------------------
-def parquet_rows(path: Path, shards: list[Path], options: DatasetOptions) -> tuple[ShardedRows, list[str]]:
+def parquet_rows(path: Path, shards: list[Path] | list[str], options: DatasetOptions,
+                 ) -> tuple[ShardedRows, list[str]]:
     """A split's parquet shards (their features say which columns are the image and the class)."""
     import datasets
     import pyarrow.parquet as pq
 
     blocks, targets, labels, image = [], [], None, None
     for number, shard in enumerate(shards):
-        with pq.ParquetFile(shard) as file:
+        with open_shard(shard) as handle, pq.ParquetFile(handle) as file:
             features = datasets.Features.from_arrow_schema(file.schema_arrow)
             image, label = find_columns(path, features, options)
             labels = labels or [str(name) for name in features[label].names]
@@ -134,20 +145,21 @@ def parquet_rows(path: Path, shards: list[Path], options: DatasetOptions) -> tup
     return ShardedRows(shards, blocks, np.concatenate(targets).astype(np.int64), image), labels
 
 
-def tar_rows(shards: list[Path]) -> ShardedRows:
+def tar_rows(shards: list[Path] | list[str]) -> ShardedRows:
     """A split's WebDataset tar shards, listed by their headers: each sample's image member and
     class number. Members that are not regular files (links, devices) are never read."""
     blocks, targets = [], []
     for number, shard in enumerate(shards):
+        shown = Path(str(shard))
         try:
             images, classes = _tar_members(shard)
         except (tarfile.TarError, OSError) as error:
-            raise DataError(f"--data {shard.parent.name}: expected WebDataset tar shards, found {shard.name} "
+            raise DataError(f"--data {shown.parent.name}: expected WebDataset tar shards, found {shown.name} "
                             f"unreadable ({type(error).__name__}: {str(error)[:120]})") from None
         keys = [key for key in images if key in classes]
         if not keys:
-            raise DataError(f"--data {shard.parent.name}: expected samples with an image ({', '.join(TAR_IMAGES)}) "
-                            f"and a .cls member in {shard.name}, found none")
+            raise DataError(f"--data {shown.parent.name}: expected samples with an image ({', '.join(TAR_IMAGES)}) "
+                            f"and a .cls member in {shown.name}, found none")
         for start in range(0, len(keys), TAR_BLOCK):
             part = keys[start:start + TAR_BLOCK]
             blocks.append(Block(number, sum(block.count for block in blocks), len(part), [images[k] for k in part]))
@@ -155,10 +167,10 @@ def tar_rows(shards: list[Path]) -> ShardedRows:
     return ShardedRows(shards, blocks, np.asarray(targets, dtype=np.int64))
 
 
-def _tar_members(shard: Path) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+def _tar_members(shard: Path | str) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
     """{key: (offset, size) of its image}, {key: class number} of one tar shard, in its order."""
-    images, classes = {}, {}
-    with tarfile.open(shard, mode="r:") as archive:  # uncompressed: members are read at their offsets
+    images, classes, shown = {}, {}, Path(str(shard))
+    with open_shard(shard) as handle, tarfile.open(fileobj=handle, mode="r:") as archive:  # read at offsets
         for member in archive:
             key, dot, suffix = member.name.rpartition("/")[2].partition(".")
             key = member.name[:len(member.name) - len(suffix) - len(dot)]
@@ -169,13 +181,13 @@ def _tar_members(shard: Path) -> tuple[dict[str, tuple[int, int]], dict[str, int
             elif suffix == "cls" and member.size <= MAX_CLASS_BYTES:
                 text = archive.extractfile(member).read().decode("ascii", errors="replace").strip()
                 if not text.isdigit():
-                    raise DataError(f"--data {shard.parent.name}: expected a class number in {member.name} "
-                                    f"of {shard.name}, found {text[:20]!r}")
+                    raise DataError(f"--data {shown.parent.name}: expected a class number in {member.name} "
+                                    f"of {shown.name}, found {text[:20]!r}")
                 classes[key] = int(text)
     return images, classes
 
 
-def read_sharded(path: Path, files: dict[str, list[Path]], options: DatasetOptions,
+def read_sharded(path: Path, files: dict[str, list[Path]] | dict[str, list[str]], options: DatasetOptions,
                  ) -> tuple[dict[str, ShardedRows], list[str]]:
     """A dataset's splits as ShardedRows ({"train"/"val"/"test": rows}, class names): tar
     shards' names are their class numbers, parquet shards' their ClassLabel's."""
@@ -184,7 +196,7 @@ def read_sharded(path: Path, files: dict[str, list[Path]], options: DatasetOptio
         if SPLITS[name] in parts:
             raise DataError(f"--data {path.name}: expected splits named train, validation and test, found "
                             f"{', '.join(sorted(files))}")
-        if shards[0].suffix == TAR_SUFFIX:
+        if str(shards[0]).endswith(TAR_SUFFIX):
             parts[SPLITS[name]] = tar_rows(shards)
         else:
             parts[SPLITS[name]], labels = parquet_rows(path, shards, options)
