@@ -245,17 +245,28 @@ def file_data(path: str, **extra) -> dict:
     return {"path": path, "meta": {"_type": "gradio.FileData"}, **extra}
 
 
-def python_app_map(predictor, path: Path):
-    """The Python app's rollout map (its default head fusion and discard ratio) of an upload, read
-    as the app reads one, and the overlay it draws: (map [grid_h, grid_w], overlay int16 [h, w, 3])."""
+def python_app_map(predictor, path: Path, method: str = "rollout"):
+    """The Python app's map of `method` (rollout: its default head fusion and discard ratio) of an
+    upload, read as the app reads one, and the overlay it draws: (map [grid_h, grid_w], overlay
+    int16 [h, w, 3])."""
     from vit_hub.demo.pictures import answer, explain
     from vit_hub.explain.rollout import DEFAULT_DISCARD_RATIO, DEFAULT_HEAD_FUSION
     from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image, to_model_domain
 
     view = to_model_domain(load_image(open_image(path, path.name, UPLOAD_MAX_PIXELS)), predictor.config)
-    drawn = explain(predictor, view, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, "rollout")
-    chosen = answer(predictor, view, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, "rollout").method_map
+    drawn = explain(predictor, view, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, method)
+    chosen = answer(predictor, view, DEFAULT_HEAD_FUSION, DEFAULT_DISCARD_RATIO, 3, method).method_map
     return chosen, np.asarray(drawn.overlay, dtype=np.int16)
+
+
+def python_page_map(predictor, path: Path):
+    """The map the Python page opens with for this model (`opening_method`: integrated gradients +
+    gradient rollout for the bundled model) of an upload and its overlay, as python_app_map; and
+    that method's name: (map, overlay, method)."""
+    from vit_hub.demo.methods import opening_method
+
+    method = opening_method(predictor)
+    return (*python_app_map(predictor, path, method), method)
 
 
 def assert_same_overlay(drawn: np.ndarray, expected: np.ndarray) -> None:

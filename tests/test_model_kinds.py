@@ -9,7 +9,8 @@ and exported through the command line (`vit-hub train`, `vit-hub export --output
   * UploadClassifier (a GPU server's route) answers as the Python app;
   * `vit-hub space` and `vit-hub space --static` write their Spaces, the static one with the map;
   * the static page in chromium and the Node example with --map give the Python app's labels,
-    maps (within the export's 1e-3) and overlays;
+    the map its page opens with (pipeline_explain.onnx's gradients; within the export's 1e-3)
+    and overlays;
   * the app's /predict and /explain answer and draw as the Python path;
   * `vit-hub push --with-onnx --dry-run` lists every graph.
 
@@ -32,7 +33,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from conftest import (BUNDLED_MODEL, assert_same_overlay, call, digit_on_paper, draw_example, file_data, free_port,
-                      python_app_map, upload)
+                      python_app_map, python_page_map, upload)
 from vit_hub import cli
 from vit_hub.demo.backends import TorchPredictor
 from vit_hub.export import OnnxClassifier
@@ -232,7 +233,7 @@ def spaces(kind, tmp_path_factory) -> tuple[Path, Path]:
 def test_both_spaces_are_written_the_static_one_with_the_map(spaces):
     gradio, static = spaces
     assert (gradio / "app.py").is_file()
-    assert json.loads((static / "model" / "model.json").read_text())["graph"] == "pipeline_map.onnx"
+    assert json.loads((static / "model" / "model.json").read_text())["graph"] == "pipeline_explain.onnx"
 
 
 @pytest.mark.browser
@@ -257,13 +258,14 @@ def test_the_static_page_gives_the_python_apps_label_map_and_overlay(kind, space
                 if path.suffix == ".png":  # one decoder's pixels: a browser's JPEG decoder may differ by a level
                     page.set_input_files("#file", str(path))
                     values, drawn = page_map(page)  # waits for the answer
-                    shown.append((path, page.get_attribute("#status", "data-label"), values, drawn))
+                    shown.append((path, page.get_attribute("#status", "data-label"), values, drawn,
+                                  page.get_attribute("#map", "data-method")))
             browser.close()
     finally:
         server.shutdown()
-    for path, label, values, drawn in shown:
-        expected_map, expected_overlay = python_app_map(predictor, path)
-        assert label == python_label(predictor, path), path.name
+    for path, label, values, drawn, method in shown:
+        expected_map, expected_overlay, expected_method = python_page_map(predictor, path)  # the page's opening map
+        assert label == python_label(predictor, path) and method == expected_method, path.name
         np.testing.assert_allclose(values, expected_map, atol=MAP_TOLERANCE, err_msg=path.name)
         assert_same_overlay(drawn, expected_overlay)
 
@@ -276,7 +278,8 @@ def test_the_node_example_gives_the_python_apps_labels_map_and_overlay(kind, tmp
     rows = classify_in_node(model, pngs)
     assert [row["label"] for row in rows] == [ranking[0][0] for ranking in python_app_answers(model, pngs)]
     (row,) = classify_in_node(model, [pngs[0]], "--map", str(tmp_path / "overlay.png"))
-    expected_map, expected_overlay = python_app_map(TorchPredictor.load(model), pngs[0])
+    expected_map, expected_overlay, method = python_page_map(TorchPredictor.load(model), pngs[0])
+    assert row["map_method"] == method  # the page's opening map, gradients inside pipeline_explain.onnx
     np.testing.assert_allclose(np.array(row["map"]), expected_map, atol=MAP_TOLERANCE)
     assert_same_overlay(np.asarray(Image.open(row["overlay"]).convert("RGB")), expected_overlay)
 
@@ -310,5 +313,6 @@ def test_the_apps_predict_and_explain_answer_as_the_python_path(kind):
 def test_push_dry_run_lists_every_graph(kind, capsys):
     name, model, _ = kind
     printed = run_in_process("push", "--model", model, "--repo-id", f"me/{name}", "--with-onnx", "--dry-run")
-    for graph in ("model.onnx", "model_attentions.onnx", "pipeline.onnx", "pipeline_map.onnx", "preprocess.onnx"):
+    for graph in ("model.onnx", "model_attentions.onnx", "pipeline.onnx", "pipeline_map.onnx", "pipeline_explain.onnx",
+                  "preprocess.onnx"):
         assert graph in printed, printed

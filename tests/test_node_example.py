@@ -1,7 +1,9 @@
 """examples/node/classify.mjs: a Node.js app (onnxruntime-node and sharp, no Python) running a model
 dir's pipeline.onnx gives the Python app's labels, on the sample digits, on generated uploads
 people make, and for an RGB photo model; with --map it gives the Python app's map and writes its
-overlay. `make install-dev` installs its pinned packages."""
+overlay: the map the Python page opens with (pipeline_explain.onnx's gradients), or rollout with
+--rollout, or pipeline_map.onnx's rollout for a model dir exported before pipeline_explain.onnx.
+`make install-dev` installs its pinned packages."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from conftest import assert_one_line, assert_same_overlay, digit_on_paper, python_app_map, train_tiny
+from conftest import assert_one_line, assert_same_overlay, digit_on_paper, python_app_map, python_page_map, train_tiny
 from vit_hub.demo.backends import TorchPredictor
 from vit_hub.export import OnnxClassifier, export_onnx
 from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, load_image, open_image
@@ -77,14 +79,36 @@ def test_node_gives_the_python_apps_labels_on_samples_and_uploads(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["sample", "canvas", "gray_alpha"])
-def test_node_writes_the_python_apps_map_and_overlay_on_request(kind, tmp_path):
-    """--map: the map equals the Python app's rollout within 1e-3 and the PNG is its overlay."""
+def test_node_writes_the_python_pages_opening_map_and_overlay_on_request(kind, tmp_path):
+    """--map: the map equals the one the Python page opens with (integrated gradients + gradient
+    rollout for the bundled model) within 1e-3, the line names that method and the graph's time,
+    and the PNG is the page's overlay."""
     image = SAMPLES[1] if kind == "sample" else next(path for path in uploads_people_make(tmp_path / "uploads")
                                                      if path.stem.endswith(kind))
     (row,) = classify_in_node(MODEL_DIR, [image], "--map", str(tmp_path / "overlay.png"))
-    expected_map, expected_overlay = python_app_map(TorchPredictor.load(MODEL_DIR), image)
+    expected_map, expected_overlay, method = python_page_map(TorchPredictor.load(MODEL_DIR), image)
     np.testing.assert_allclose(np.array(row["map"]), expected_map, atol=1e-3)
     assert_same_overlay(np.asarray(Image.open(row["overlay"]).convert("RGB")), expected_overlay)
+    assert row["map_method"] == method == "integrated_gradients_rollout" and row["map_ms"] > 0
+    assert row["map_label"] == "Integrated gradients + gradient rollout"
+
+
+@pytest.mark.parametrize("graphs", [("pipeline_explain.onnx", "pipeline_map.onnx"), ("pipeline_explain.onnx",),
+                                    ("pipeline_map.onnx",)])
+def test_node_draws_the_python_apps_rollout_with_rollout_or_from_an_older_export(graphs, tmp_path):
+    """--rollout (the quick map: pipeline_map.onnx's, or pipeline_explain.onnx's rollout output when
+    it is alone), and --map on a model dir exported before pipeline_explain.onnx existed: the
+    Python app's rollout and overlay, named as rollout."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", *graphs):
+        (model / name).write_bytes((MODEL_DIR / name).read_bytes())
+    flags = ("--rollout",) if "pipeline_explain.onnx" in graphs else ()
+    (row,) = classify_in_node(model, [SAMPLES[1]], "--map", str(tmp_path / "overlay.png"), *flags)
+    expected_map, expected_overlay = python_app_map(TorchPredictor.load(MODEL_DIR), SAMPLES[1])
+    np.testing.assert_allclose(np.array(row["map"]), expected_map, atol=1e-3)
+    assert_same_overlay(np.asarray(Image.open(row["overlay"]).convert("RGB")), expected_overlay)
+    assert row["map_method"] == "rollout" and row["map_label"] == "Attention rollout"
 
 
 def test_node_names_the_export_flag_when_the_map_graph_is_missing(tmp_path):
@@ -92,7 +116,7 @@ def test_node_names_the_export_flag_when_the_map_graph_is_missing(tmp_path):
         (tmp_path / name).write_bytes((MODEL_DIR / name).read_bytes())
     done = subprocess.run(["node", "classify.mjs", str(tmp_path), str(SAMPLES[0]), "--map", str(tmp_path / "out.png")],
                           cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and done.stderr.startswith("expected pipeline_map.onnx in ")
+    assert done.returncode == 2 and done.stderr.startswith("expected pipeline_explain.onnx or pipeline_map.onnx in ")
     assert "--output-attentions" in done.stderr and len(done.stderr.splitlines()) == 1
 
 
@@ -100,6 +124,8 @@ def test_node_asks_for_one_image_with_map(tmp_path):
     done = subprocess.run(["node", "classify.mjs", str(MODEL_DIR), *map(str, SAMPLES[:2]), "--map", "out.png"],
                           cwd=EXAMPLE, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--map OUT.png" in done.stderr and not (EXAMPLE / "out.png").exists()
+    done = run_node(MODEL_DIR, str(SAMPLES[0]), "--rollout")  # a map to choose needs --map
+    assert done.returncode == 2 and "--map OUT.png [--rollout]" in done.stderr and done.stdout == ""
 
 
 def test_node_reports_a_refused_or_unreadable_image_and_goes_on(tmp_path):
@@ -131,7 +157,8 @@ def test_node_gives_an_rgb_photo_models_labels(split_image_folder, tmp_path):
     photo = tmp_path / "photo.png"  # the map over the upload itself, in colour
     Image.open(photos[0]).save(photo)
     (row,) = classify_in_node(model_dir, [photo], "--map", str(tmp_path / "overlay.png"))
-    expected_map, expected_overlay = python_app_map(TorchPredictor.load(model_dir), photo)
+    expected_map, expected_overlay, method = python_page_map(TorchPredictor.load(model_dir), photo)
+    assert row["map_method"] == method
     np.testing.assert_allclose(np.array(row["map"]), expected_map, atol=1e-3)
     assert_same_overlay(np.asarray(Image.open(row["overlay"]).convert("RGB")), expected_overlay)
 

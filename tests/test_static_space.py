@@ -19,7 +19,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from bench.static_space import serve, wait_for_label
-from conftest import assert_same_overlay, digit_on_paper, python_app_map
+from conftest import assert_same_overlay, digit_on_paper, python_app_map, python_page_map
 from vit_hub.demo.backends import TorchPredictor
 from vit_hub.errors import UserError
 from vit_hub.export import OnnxClassifier
@@ -55,9 +55,11 @@ def test_the_folder_is_a_static_space_with_the_graph_and_onnxruntime_web(static_
     assert described["labels"] == [str(digit) for digit in range(10)] and described["digit"] is True
     assert len(described["samples"]) == 10 and all((static_space / "samples" / name).is_file()
                                                    for name in described["samples"])
-    assert described["graph"] == "pipeline_map.onnx"
-    assert (static_space / "model" / "pipeline_map.onnx").read_bytes() == (MODEL_DIR / "pipeline_map.onnx").read_bytes()
-    assert "`model/pipeline_map.onnx` takes an image's pixels" in (static_space / "README.md").read_text()
+    assert described["graph"] == "pipeline_explain.onnx"  # the page's opening map, rollout beside it
+    assert (static_space / "model" / "pipeline_explain.onnx").read_bytes() == \
+        (MODEL_DIR / "pipeline_explain.onnx").read_bytes()
+    assert not (static_space / "model" / "pipeline_map.onnx").exists()  # one graph: both maps come from it
+    assert "`model/pipeline_explain.onnx` takes an image's pixels" in (static_space / "README.md").read_text()
     assert sorted(path.name for path in (static_space / "ort").iterdir()) == ["ort-wasm-simd-threaded.wasm",
                                                                              "ort.wasm.bundle.min.mjs"]
 
@@ -112,8 +114,8 @@ def test_the_cli_writes_it_and_says_what_it_wrote(tmp_path):
                            "--dry-run", "--out", str(tmp_path / "space"), "--onnxruntime-web", str(ORT_WEB)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert f"wrote the static Space to {tmp_path / 'space'}: 18 files" in done.stdout
-    assert f"running {MODEL_DIR}'s pipeline_map.onnx in the browser" in done.stdout  # the graph it bundled
+    assert f"wrote the static Space to {tmp_path / 'space'}: 19 files" in done.stdout
+    assert f"running {MODEL_DIR}'s pipeline_explain.onnx in the browser" in done.stdout  # the graph it bundled
     assert (tmp_path / "space" / "index.html").is_file()
 
 
@@ -199,10 +201,22 @@ def draw_a_seven(page) -> None:
     page.click("#classify-drawing")
 
 
+def choose_map(page, output: str) -> tuple[np.ndarray, np.ndarray]:
+    """Choose the map `output` (map: the opening one, rollout) for the latest answer -> page_map's."""
+    page.select_option("#map-choice", output)
+    page.wait_for_function(f"document.getElementById('map').dataset.method {'!=' if output == 'map' else '=='} 'rollout'")
+    values = np.array(json.loads(page.get_attribute("#map", "data-values")))
+    drawn = page.evaluate("document.getElementById('map').toDataURL('image/png')")
+    return values, np.asarray(Image.open(io.BytesIO(base64.b64decode(drawn.split(",", 1)[1]))).convert("RGB"))
+
+
 @pytest.mark.browser
 def test_the_page_draws_the_python_apps_map_on_samples_uploads_and_drawings(served, tmp_path):
-    """The map the page shows equals the Python app's rollout within 1e-3 (the export's tolerance)
-    and its overlay is the app's, for a sample clicked, uploads and a drawing on the pad."""
+    """The map the page opens with equals the Python page's opening map (integrated gradients +
+    gradient rollout for the bundled model, computed inside pipeline_explain.onnx) within 1e-3
+    (the export's tolerance) and its overlay is the app's, for a sample clicked, uploads and a
+    drawing on the pad; the page names the method and the time it took; rollout, the quick
+    choice, is the Python app's rollout."""
     from playwright.sync_api import sync_playwright
 
     from docs.screenshots import CHROMIUM, CHROMIUM_ARGS
@@ -214,9 +228,12 @@ def test_the_page_draws_the_python_apps_map_on_samples_uploads_and_drawings(serv
         page = browser.new_page()
         page.goto(served)
         page.wait_for_selector("body[data-ready=true]", timeout=60_000)
-        assert page.locator("#map").is_hidden() and "attention rollout" in page.inner_text("#maps")
+        assert page.locator("#map").is_hidden() and "integrated gradients + gradient rollout" in page.inner_text("#maps")
         page.locator("#samples img").nth(2).click()
         shown.append((sample, *page_map(page)))
+        method, took = page.get_attribute("#map", "data-method"), page.inner_text("#ms")
+        rollout = choose_map(page, "rollout")
+        choose_map(page, "map")
         for path in uploads(tmp_path)[1:]:  # the transparent drawing and the gray scan (PNG: one decoder's pixels)
             page.set_input_files("#file", str(path))
             shown.append((path, *page_map(page)))
@@ -227,9 +244,48 @@ def test_the_page_draws_the_python_apps_map_on_samples_uploads_and_drawings(serv
         browser.close()
     predictor = TorchPredictor.load(MODEL_DIR)
     for path, values, drawn in shown:
-        expected_map, expected_overlay = python_app_map(predictor, path)
+        expected_map, expected_overlay, expected_method = python_page_map(predictor, path)
         np.testing.assert_allclose(values, expected_map, atol=1e-3, err_msg=path.name)
         assert_same_overlay(drawn, expected_overlay)
+    assert method == expected_method == "integrated_gradients_rollout" and took.endswith(" ms,")
+    expected_map, expected_overlay = python_app_map(predictor, sample)
+    np.testing.assert_allclose(rollout[0], expected_map, atol=1e-3)
+    assert_same_overlay(rollout[1], expected_overlay)
+
+
+@pytest.mark.browser
+def test_a_model_exported_before_the_explain_graph_gets_rollout_from_the_map_graph(tmp_path):
+    """A model dir with pipeline_map.onnx and no pipeline_explain.onnx: the page bundles
+    pipeline_map.onnx and draws its rollout, named as such, with no choice to make."""
+    from playwright.sync_api import sync_playwright
+
+    from docs.screenshots import CHROMIUM, CHROMIUM_ARGS
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "pipeline.onnx", "pipeline_map.onnx"):
+        (model / name).write_bytes((MODEL_DIR / name).read_bytes())
+    space = write_static_space(model, tmp_path / "space", "me/digits", ORT_WEB).folder
+    assert json.loads((space / "model" / "model.json").read_text())["graph"] == "pipeline_map.onnx"
+    server = serve(space)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+            page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+            assert "(attention rollout)" in page.inner_text("#maps") and page.locator("#map-chooser").is_hidden()
+            page.locator("#samples img").nth(2).click()
+            values, drawn = page_map(page)
+            method = page.get_attribute("#map", "data-method")
+            browser.close()
+    finally:
+        server.shutdown()
+    sample = sorted((ROOT / "vit_hub" / "bundled" / "samples").glob("*.png"))[2]
+    expected_map, expected_overlay = python_app_map(TorchPredictor.load(MODEL_DIR), sample)
+    assert method == "rollout"
+    np.testing.assert_allclose(values, expected_map, atol=1e-3)
+    assert_same_overlay(drawn, expected_overlay)
 
 
 @pytest.mark.slow
@@ -266,10 +322,10 @@ def test_a_photo_models_page_draws_the_python_apps_map_over_the_upload(split_ima
         server.shutdown()
     predictor = TorchPredictor.load(model)
     for path, (values, drawn) in zip(photos, shown):
-        expected_map, expected_overlay = python_app_map(predictor, path)
+        expected_map, expected_overlay, _ = python_page_map(predictor, path)
         np.testing.assert_allclose(values, expected_map, atol=1e-3, err_msg=path.name)
         assert drawn.shape == expected_overlay.shape
-    assert_same_overlay(shown[0][1], python_app_map(predictor, photos[0])[1])
+    assert_same_overlay(shown[0][1], python_page_map(predictor, photos[0])[1])
 
 
 # The overlay's drawing (static_page/overlay.mjs) on crafted inputs, in Node against the app's Python ----------

@@ -188,8 +188,9 @@ def _add_space(commands) -> None:
     space.add_argument("--token", help="Hub token with write access (default: HF_TOKEN, then `hf auth login`)")
     space.add_argument("--static", action="store_true",
                        help="a static Space instead: the model runs in the visitor's browser with ONNX Runtime Web, "
-                            "no server; it bundles pipeline_map.onnx (the app's rollout map drawn over the image) "
-                            "where the export wrote one, else pipeline.onnx (labels alone) (default: off)")
+                            "no server; it bundles pipeline_explain.onnx (the map the app's page opens with, and "
+                            "rollout, drawn over the image) where the export wrote one, else pipeline_map.onnx "
+                            "(rollout), else pipeline.onnx (labels alone) (default: off)")
     space.add_argument("--onnxruntime-web", metavar="TGZ", help="with --static: the tarball of `npm pack "
                        "onnxruntime-web@VERSION` to vendor (default: downloaded from npm's registry once, checked)")
     space.add_argument("--demo-url", metavar="URL", help="with --static: the Gradio demo the page links to for maps "

@@ -1,17 +1,23 @@
 // Classify images with a vit_hub model from Node.js, no Python:
 //
 //   node classify.mjs MODEL_DIR IMAGE [IMAGE ...]
-//   node classify.mjs MODEL_DIR IMAGE --map overlay.png
+//   node classify.mjs MODEL_DIR IMAGE --map overlay.png [--rollout]
 //
 // MODEL_DIR holds pipeline.onnx and config.json (what `python -m vit_hub.export` writes). The
 // graph does all the preprocessing itself, so the app only decodes each image to its pixels:
 // uint8 [height, width, channels] in, probabilities in config.json's label order out.
 // Prints one JSON line per image: {file, label, top: [[label, probability], ...]} or {file, error}.
 //
-// With --map (one IMAGE), it runs pipeline_map.onnx instead (an export with --output-attentions
-// writes it), adds the map [grid_h][grid_w] to the line and writes the app's overlay as a PNG:
-// over the image the model saw for a digit model (its canonicalised digit), over the upload
-// for any other. The drawing is ../../vit_hub/hub/static_page/overlay.mjs, the static Space's.
+// With --map (one IMAGE), it runs pipeline_explain.onnx instead (an export with
+// --output-attentions writes it): its map is the one the Gradio page opens with for this model
+// (integrated gradients + gradient rollout for the bundled one, gradients computed inside the
+// graph), named in the graph's metadata. It adds the map [grid_h][grid_w], its method and the
+// milliseconds the graph took to the line and writes the app's overlay as a PNG: over the image
+// the model saw for a digit model (its canonicalised digit), over the upload for any other.
+// --rollout draws attention rollout instead, the quick map: pipeline_map.onnx's (a graph without
+// gradients, about half the time), or pipeline_explain.onnx's rollout output when it is alone.
+// A model dir exported before pipeline_explain.onnx existed gets pipeline_map.onnx's rollout.
+// The drawing is ../../vit_hub/hub/static_page/overlay.mjs, the static Space's.
 // OUT must be a new file in an existing folder: an existing file (the input image above all), a
 // link or a folder is refused before anything runs, and the PNG is written to a temporary file
 // beside OUT, then renamed to it, so a failed write leaves nothing half-written. A failure is one
@@ -21,10 +27,12 @@ import { lstat, open, readFile, rename, stat, unlink } from "node:fs/promises";
 import path from "node:path";
 import * as ort from "onnxruntime-node";
 import sharp from "sharp";
+import { mapMethod, ROLLOUT } from "../../vit_hub/hub/static_page/graph_method.mjs";
 import { displaySize, forDisplay, overlay } from "../../vit_hub/hub/static_page/overlay.mjs";
 
 const TOP_K = 3;
-const USAGE = "usage: node classify.mjs MODEL_DIR IMAGE [IMAGE ...] | MODEL_DIR IMAGE --map OUT.png";
+const USAGE = "usage: node classify.mjs MODEL_DIR IMAGE [IMAGE ...] | MODEL_DIR IMAGE --map OUT.png [--rollout]";
+const GRAPHS = { classify: "pipeline.onnx", map: "pipeline_map.onnx", explain: "pipeline_explain.onnx" };
 
 async function decode(file) {
   // rotate(): apply the EXIF orientation, as a phone photo is meant to be seen.
@@ -135,35 +143,66 @@ async function underTheMap(answer, image, config) {
   return { pixels: data, height: info.height, width: info.width, channels: info.channels };
 }
 
-// The overlay PNG of one answer of pipeline_map.onnx; returns the map as rows.
-async function writeOverlay(answer, image, config, out) {
-  const [gridH, gridW] = answer.map.dims;
+// The overlay PNG of one answer's map `drawn` (its `map` or `rollout` output); returns the map as rows.
+async function writeOverlay(answer, drawn, image, config, out) {
+  const [gridH, gridW] = drawn.dims;
   const { pixels: base, height, width, channels } = await underTheMap(answer, image, config);
   const shown = forDisplay(base, height, width, channels, config.in_channels === 1);
-  const pixels = overlay(shown, answer.map.data, gridH, gridW, answer.map_colours.data);
+  const pixels = overlay(shown, drawn.data, gridH, gridW, answer.map_colours.data);
   const png = await sharp(Buffer.from(pixels), { raw: { width: shown.width, height: shown.height, channels: 3 } })
     .png().toBuffer();
   await writeBeside(out, png);
-  return Array.from({ length: gridH }, (_, row) => Array.from(answer.map.data.slice(row * gridW, (row + 1) * gridW)));
+  return Array.from({ length: gridH }, (_, row) => Array.from(drawn.data.slice(row * gridW, (row + 1) * gridW)));
 }
 
-async function main(argv) {
+// The graph --map runs and which of its outputs it draws: {graph, output, method: {method, label}},
+// or {graph: null} when the model dir has neither map graph.
+async function mapGraph(modelDir, rollout) {
+  const has = (name) => existsSync(path.join(modelDir, name));
+  const explain = has(GRAPHS.explain);
+  const name = rollout ? (has(GRAPHS.map) ? GRAPHS.map : explain ? GRAPHS.explain : null)
+    : explain ? GRAPHS.explain : has(GRAPHS.map) ? GRAPHS.map : null;
+  if (!name) return { graph: null };
+  const graph = path.join(modelDir, name);
+  const bytes = new Uint8Array(await readFile(graph));
+  const output = rollout && name === GRAPHS.explain ? "rollout" : "map";
+  return { graph, bytes, output, method: output === "rollout" ? ROLLOUT : mapMethod(bytes) };
+}
+
+// One image's line: its ranking and, with --map, the map drawn (its method and the graph's milliseconds).
+async function classifyOne(session, file, config, drawing) {
+  const image = await decode(file);
+  const started = performance.now();
+  const answer = await session.run({ image });
+  const spent = performance.now() - started;
+  const top = ranked(answer.probabilities, config.labels);
+  if (!drawing) return { file, label: top[0][0], top };
+  const map = await writeOverlay(answer, answer[drawing.output], image, config, drawing.out);
+  return { file, label: top[0][0], top, map, map_method: drawing.method.method, map_label: drawing.method.label,
+    map_ms: Number(spent.toFixed(1)), overlay: drawing.out };
+}
+
+async function main(commandLine) {
+  const rollout = commandLine.includes("--rollout");
+  const argv = commandLine.filter((arg) => arg !== "--rollout");
   const at = argv.indexOf("--map");
   const mapOut = at >= 0 ? argv[at + 1] : null;
   const [modelDir, ...files] = at >= 0 ? [...argv.slice(0, at), ...argv.slice(at + 2)] : argv;
-  if (!modelDir || files.length === 0 || (at >= 0 && (!mapOut || files.length !== 1))) {
+  if (!modelDir || files.length === 0 || (at >= 0 && (!mapOut || files.length !== 1)) || (rollout && !mapOut)) {
     console.error(USAGE);
     return 2;
   }
   const config = await readConfig(modelDir);
   if (mapOut) await checkMapOut(mapOut, files[0]);
-  const graph = path.join(modelDir, mapOut ? "pipeline_map.onnx" : "pipeline.onnx");
-  if (!existsSync(graph)) {
-    console.error(`expected ${path.basename(graph)} in ${modelDir}, found none: write it with python -m vit_hub.export `
+  const drawing = mapOut ? { ...await mapGraph(modelDir, rollout), out: mapOut } : null;
+  const graph = drawing ? drawing.graph : path.join(modelDir, GRAPHS.classify);
+  if (!graph || !existsSync(graph)) {
+    const expected = graph ? path.basename(graph) : `${GRAPHS.explain} or ${GRAPHS.map}`;
+    console.error(`expected ${expected} in ${modelDir}, found none: write it with python -m vit_hub.export `
       + `--model ${modelDir} --out ${modelDir}${mapOut ? " --output-attentions" : ""}`);
     return 2;
   }
-  const session = await ort.InferenceSession.create(graph);
+  const session = await ort.InferenceSession.create(drawing ? drawing.bytes : graph);
   const mismatch = labelsMismatch(session, config.labels, path.basename(graph));
   if (mismatch) {
     console.error(`error: ${mismatch}`);
@@ -171,11 +210,7 @@ async function main(argv) {
   }
   for (const file of files) {
     try {
-      const image = await decode(file);
-      const answer = await session.run({ image });
-      const top = ranked(answer.probabilities, config.labels);
-      const map = mapOut ? { map: await writeOverlay(answer, image, config, mapOut), overlay: mapOut } : {};
-      console.log(JSON.stringify({ file, label: top[0][0], top, ...map }));
+      console.log(JSON.stringify(await classifyOne(session, file, config, drawing)));
     } catch (error) {
       if (error instanceof Refusal) throw error; // the overlay could not be written: the command fails
       // A refused image (no ink, too large, 5 channels) or an undecodable file: its own line.

@@ -1,16 +1,19 @@
 """A static Hugging Face Space: the model runs in the visitor's browser, no server at all.
 
 `write_static_space` fills a folder with a page (`index.html`, `page.js` from vit_hub/hub/static_page),
-the model's `pipeline_map.onnx` (decoded pixels in, probabilities and the app's rollout map out:
-every preprocessing step is inside the graph; `pipeline.onnx`, probabilities only, for a model
-exported without --output-attentions), `model/model.json` (title, labels, whether to offer
-drawing, the samples, the graph's name), the model's sample images, and ONNX Runtime Web's
-WebAssembly build, vendored in `ort/` from the npm package at ORT_WEB_VERSION (nothing is fetched
-from a CDN when the page runs). The page decodes an image in the browser, runs the graph, shows
-the ranking and draws the map over the image as the Gradio app does (`static_page/overlay.mjs`);
-no image leaves the visitor's machine, and a static Space never sleeps. The other maps (integrated
-gradients, occlusion...) need the Gradio Space (`space.py`), which the page links to when given
-its address.
+the model's `pipeline_explain.onnx` (decoded pixels in, probabilities, the map the Gradio page
+opens with for the model and attention rollout out: every preprocessing step and the map's
+gradients are inside the graph; `pipeline_map.onnx`, rollout alone, for a model exported before
+that graph existed; `pipeline.onnx`, probabilities only, for a model exported without
+--output-attentions), `model/model.json` (title, labels, whether to offer drawing, the samples,
+the graph's name), the model's sample images, and ONNX Runtime Web's WebAssembly build, vendored
+in `ort/` from the npm package at ORT_WEB_VERSION (nothing is fetched from a CDN when the page
+runs). The page decodes an image in the browser, runs the graph, shows the ranking and draws the
+map over the image as the Gradio app does (`static_page/overlay.mjs`), naming its method (the
+graph's metadata, read by `static_page/graph_method.mjs`) and the time the graph took, with
+rollout as the quick choice; no image leaves the visitor's machine, and a static Space never
+sleeps. The other maps (occlusion...) need the Gradio Space (`space.py`), which the page links
+to when given its address.
 
 ONNX Runtime Web comes from npm's registry once (its tarball checked against ORT_WEB_SHA512 and
 kept in the user's cache), or from a tarball `npm pack onnxruntime-web@VERSION` wrote. The
@@ -43,7 +46,7 @@ ORT_WEB_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm")  # th
 MAX_TARBALL_BYTES = 64 * 2**20
 MAX_ORT_FILE_BYTES = 32 * 2**20
 PAGE = Path(__file__).resolve().parent / "static_page"
-PAGE_FILES = ("index.html", "page.js", "overlay.mjs")
+PAGE_FILES = ("index.html", "page.js", "overlay.mjs", "graph_method.mjs")
 STATIC_MODEL = "model"  # the graph and model.json inside the Space
 SAMPLES = ModelDir.samples  # the sample images inside the Space, named as in a model dir
 # The check of the graph before it is bundled (vit_hub.export's check_pipeline, given by the
@@ -61,7 +64,8 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
     check_repo_id(repo_id, flag="--repo-id")
     model_dir, out = Path(model), Path(out)
     if not model_dir.is_dir():
-        raise UserError(f"space --static: expected a model folder with pipeline_map.onnx or pipeline.onnx, got "
+        raise UserError(f"space --static: expected a model folder with pipeline_explain.onnx, pipeline_map.onnx or "
+                        f"pipeline.onnx, got "
                         f"{model}; for a Hub repo, vit-hub pull it first")
     _check_out(out, model_dir)
     graph, samples = _model_files(model_dir)
@@ -81,10 +85,12 @@ def write_static_space(model: str | Path, out: str | Path, repo_id: str, ort_web
 
 
 def _model_files(model_dir: Path) -> tuple[Path, list[Path]]:
-    """(pipeline_map.onnx, or pipeline.onnx where there is none; the sample images) of a model
-    folder, none a link out of it, every sample one the model answers (`check_samples`)."""
+    """(the first of pipeline_explain.onnx, pipeline_map.onnx and pipeline.onnx the folder has; the
+    sample images) of a model folder, none a link out of it, every sample one the model answers
+    (`check_samples`)."""
     layout = ExportLayout.for_model(model_dir)
-    graph = layout.pipeline_map if os.path.lexists(layout.pipeline_map) else layout.pipeline
+    graph = next((path for path in (layout.pipeline_explain, layout.pipeline_map) if os.path.lexists(path)),
+                 layout.pipeline)
     _refuse_links_out(model_dir, [ModelDir.config, graph.name], flag="space MODEL")
     check_model_dir(model_dir, flag="space MODEL")
     if not graph.is_file():

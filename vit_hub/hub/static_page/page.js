@@ -1,8 +1,13 @@
 // The static Space's page: decode an image in the browser, run the model's graph on its pixels
-// with ONNX Runtime Web (WebAssembly, vendored in ort/), show the ranking and, when the graph is
-// pipeline_map.onnx, the app's overlay of where the model looked. The graph does all of the
-// model's preprocessing itself (vit_hub's docs/export.md, "From another language").
+// with ONNX Runtime Web (WebAssembly, vendored in ort/), show the ranking and, when the graph
+// gives maps, the app's overlay of where the model looked. pipeline_explain.onnx's map is the one
+// the Gradio page opens with for this model (integrated gradients + gradient rollout for the
+// bundled model: the gradients are inside the graph), its method named in the graph's metadata;
+// its rollout output is the quick choice, drawn from the same answer. pipeline_map.onnx (a model
+// exported before) gives rollout alone. The graph does all of the model's preprocessing itself
+// (vit_hub's docs/export.md, "From another language").
 import * as ort from "./ort/ort.wasm.bundle.min.mjs";
+import { mapMethod, ROLLOUT } from "./graph_method.mjs";
 import { displaySize, forDisplay, overlay } from "./overlay.mjs";
 
 const TOP_K = 5;
@@ -14,8 +19,12 @@ ort.env.wasm.numThreads = threads;
 
 const $ = (id) => document.getElementById(id);
 const model = await (await fetch("model/model.json")).json();
-const session = await ort.InferenceSession.create(`model/${model.graph}`, { executionProviders: ["wasm"] });
+const graph = new Uint8Array(await (await fetch(`model/${model.graph}`)).arrayBuffer());
+const session = await ort.InferenceSession.create(graph, { executionProviders: ["wasm"] });
 const hasMap = session.outputNames.includes("map");
+// The maps the page offers: {output name: {method, label}}, the one it opens with first.
+const maps = { map: mapMethod(graph), ...(session.outputNames.includes("rollout") ? { rollout: ROLLOUT } : {}) };
+let last = null; // the latest answer drawn, so that another map choice redraws it without a run
 
 function say(text, failed = false) {
   $("status").textContent = text;
@@ -48,7 +57,8 @@ async function classify(source, width, height) {
     const started = performance.now();
     const answer = await session.run({ image });
     const spent = performance.now() - started;
-    if (hasMap) drawMap(answer, source, image);
+    last = { answer, source, image };
+    if (hasMap) drawMap();
     show(Array.from(answer.probabilities.data), spent);
   } catch (error) {
     $("ranking").replaceChildren();
@@ -71,7 +81,8 @@ function show(probabilities, spent) {
   say(`Top class: ${ranked[0][0]}`);
   $("status").dataset.label = ranked[0][0];
   $("status").dataset.fresh = "true"; // for a script driving the page: a new answer is there
-  $("ms").textContent = `${spent.toFixed(0)} ms,`;
+  $("ms").textContent = hasMap ? `The classes and the maps took ${spent.toFixed(0)} ms,` : `${spent.toFixed(0)} ms,`;
+  $("ms").dataset.ms = spent.toFixed(1);
 }
 
 // What the app draws the map over, at most its display size, as uint8 pixels: the image the
@@ -88,12 +99,16 @@ function underTheMap(answer, source, image) {
   return [context.getImageData(0, 0, shownWidth, shownHeight).data, shownHeight, shownWidth, 4];
 }
 
-// The map over the image in the #map canvas, its values (rows) in the canvas's data-values.
-function drawMap(answer, source, image) {
-  const [gridH, gridW] = answer.map.dims;
+// The chosen map of the latest answer over its image in the #map canvas, its values (rows) in
+// the canvas's data-values and its method's name in data-method.
+function drawMap() {
+  const { answer, source, image } = last;
+  const output = $("map-choice").value;
+  const drawn = answer[output];
+  const [gridH, gridW] = drawn.dims;
   const gray = answer.model_input.dims[2] === 1;
   const shown = forDisplay(...underTheMap(answer, source, image), gray);
-  const rgb = overlay(shown, answer.map.data, gridH, gridW, answer.map_colours.data);
+  const rgb = overlay(shown, drawn.data, gridH, gridW, answer.map_colours.data);
   const rgba = new ImageData(shown.width, shown.height);
   for (let p = 0; p < shown.width * shown.height; p++) {
     rgba.data.set(rgb.subarray(p * 3, p * 3 + 3), p * 4);
@@ -102,9 +117,20 @@ function drawMap(answer, source, image) {
   const canvas = $("map");
   [canvas.width, canvas.height] = [shown.width, shown.height];
   canvas.getContext("2d").putImageData(rgba, 0, 0);
-  const rows = Array.from({ length: gridH }, (_, row) => Array.from(answer.map.data.slice(row * gridW, (row + 1) * gridW)));
+  const rows = Array.from({ length: gridH }, (_, row) => Array.from(drawn.data.slice(row * gridW, (row + 1) * gridW)));
   canvas.dataset.values = JSON.stringify(rows);
+  canvas.dataset.method = maps[output].method;
+  canvas.title = `Where the model looked: ${maps[output].label.toLowerCase()} over the image the model saw`;
   canvas.hidden = false;
+}
+
+// The map choice: the opening map first, rollout (when the graph gives it) the quick one.
+function setUpMapChoice() {
+  const choice = $("map-choice");
+  choice.replaceChildren(...Object.entries(maps).map(([output, { method, label }]) =>
+    Object.assign(document.createElement("option"), { value: output, textContent: label, title: method })));
+  choice.addEventListener("change", () => { if (last && hasMap) drawMap(); });
+  $("map-chooser").hidden = !hasMap || Object.keys(maps).length < 2; // a choice of one is none
 }
 
 async function classifyFile(file) {
@@ -170,7 +196,9 @@ function setUpDrawing() {
 }
 
 document.title = $("title").textContent = model.title;
-const where = hasMap ? "The map shows where the model looked (attention rollout). Other maps" : "Maps of where the model looked";
+const opening = maps.map.label.toLowerCase();
+const quick = maps.rollout ? ", the map the full demo opens with; attention rollout is the quick choice" : "";
+const where = hasMap ? `The map shows where the model looked (${opening}${quick}). Other maps` : "Maps of where the model looked";
 if (model.demo_url) {
   const link = Object.assign(document.createElement("a"), { href: model.demo_url, textContent: "full demo" });
   $("maps").append(`${where} are in the `, link, ".");
@@ -178,6 +206,7 @@ if (model.demo_url) {
   $("maps").textContent = `${where} are in the full Gradio demo (vit-hub space without --static).`;
 }
 $("backend").textContent = `WebAssembly, ${threads} thread${threads > 1 ? "s" : ""}`;
+setUpMapChoice();
 setUpDropping();
 setUpSamples();
 if (model.digit) setUpDrawing();
