@@ -7,6 +7,7 @@ CPU provider in a worker thread, then the network once for many uploads on the p
     answers[0].probabilities    # float32 [classes] in config.json's label order; None if refused
     answers[0].refusal          # why it was refused, in one line ("expected an image of a digit, ...")
     server.top_k(answers[0], 3) # [(label, probability), ...], best first
+    server.classify(images, explain=True)[0].map   # float32 [grid_h, grid_w]: the page's opening map
 
 Why split: pipeline.onnx runs a digit model's canonicalisation as graph control flow, which
 the CUDA provider ran 27x slower than the CPU provider on an H200 (BENCHMARKS.md, "A GPU
@@ -22,13 +23,20 @@ preprocess.onnx, the same graph, is written by the export for apps in other lang
 An upload's answer does not depend on the others in its batch: the network's rows are
 independent, up to the rounding of a batched matrix product (BATCH_TOLERANCE in float32 on the
 CPU provider; bench/gpu_server.py measures it on CUDA).
+
+With `explain=True` each answer also carries the map the app's page opens with for the model
+and attention rollout, from the model dir's pipeline_explain.onnx (`vit-hub export
+--output-attentions` writes it; its metadata names the method, `map_method`). That graph's
+gradients were traced for one image, so it runs once per upload, in the worker threads beside
+the preprocessing, on the CPU provider (its canonicalisation is graph control flow, as
+pipeline.onnx's): each map is the graph's own answer for that upload, whatever the batch.
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,6 +44,7 @@ import numpy as np
 from PIL import Image
 
 from vit_hub.errors import UserError
+from vit_hub.layout import MAP_METHOD_KEY, PIPELINE_INPUT, PIPELINE_MAP, PIPELINE_ROLLOUT
 from vit_hub.processing.canonical import BLANK_IMAGE, NEARLY_BLANK, NO_INK
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.postprocess import top_k as rank_top_k
@@ -59,6 +68,8 @@ class Answer:
 
     probabilities: np.ndarray | None  # float32 [classes], config.json's label order
     refusal: str | None = None
+    map: np.ndarray | None = None  # with explain=True: float32 [grid_h, grid_w] in [0, 1], the page's opening map
+    rollout: np.ndarray | None = None  # with explain=True: float32 [grid_h, grid_w] in [0, 1], attention rollout
 
 
 class UploadRefused(UserError):
@@ -92,6 +103,8 @@ class UploadClassifier:
         threads = None if self.workers == 1 else max(1, cores // self.workers)  # one: onnxruntime's own choice
         self._preprocessing = preprocessing_session(preprocessing_model(self.config), threads, arena=False)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="vit-hub-preprocess")
+        self._threads = threads
+        self._explain = None  # pipeline_explain.onnx's session, opened by the first explain=True
 
     @property
     def providers(self) -> dict[str, list[str]]:
@@ -118,9 +131,10 @@ class UploadClassifier:
                   for start in range(0, len(pixel_values), self.batch_size)]
         return softmax(np.concatenate(logits), self.config.temperature)
 
-    def classify(self, images: Sequence[np.ndarray]) -> list[Answer]:
+    def classify(self, images: Sequence[np.ndarray], explain: bool = False) -> list[Answer]:
         """Decoded uploads (uint8 [height, width, channels] each) -> an Answer each, in order:
-        preprocessed in the worker threads, then the network once per batch_size of those not refused."""
+        preprocessed in the worker threads, then the network once per batch_size of those not
+        refused; with `explain`, each answer not refused also has its map and rollout (`explained`)."""
         images = [check_image(image) for image in images]
         prepared = list(self._pool.map(self._prepared, images))
         kept = [index for index, item in enumerate(prepared) if isinstance(item, np.ndarray)]
@@ -129,7 +143,35 @@ class UploadClassifier:
             rows = self.probabilities(np.concatenate([prepared[index] for index in kept]))
             for index, row in zip(kept, rows):
                 answers[index] = Answer(row)
-        return answers
+        return self.explained(images, answers) if explain else answers
+
+    # The page's opening map: pipeline_explain.onnx, one upload per worker thread -----------------
+    @property
+    def map_method(self) -> str:
+        """The method `Answer.map` is (attribution.METHODS' name), as pipeline_explain.onnx's metadata names it."""
+        return self._explain_session().get_modelmeta().custom_metadata_map.get(MAP_METHOD_KEY, "")
+
+    def explained(self, images: Sequence[np.ndarray], answers: list[Answer]) -> list[Answer]:
+        """The answers of `images`, each not refused with pipeline_explain.onnx's map and rollout
+        of its upload, the graph run once per upload in the worker threads."""
+        session = self._explain_session()
+        kept = [index for index, answer in enumerate(answers) if answer.probabilities is not None]
+        maps = self._pool.map(lambda index: session.run([PIPELINE_MAP, PIPELINE_ROLLOUT],
+                                                        {PIPELINE_INPUT: images[index]}), kept)
+        explained = list(answers)
+        for index, (opening, rollout) in zip(kept, maps):
+            explained[index] = replace(answers[index], map=opening, rollout=rollout)
+        return explained
+
+    def _explain_session(self):
+        """pipeline_explain.onnx's CPU session, opened once; FileNotFoundError naming the export flag without it."""
+        if self._explain is None:
+            path = self.network.layout.pipeline_explain
+            if not path.is_file():
+                raise FileNotFoundError(f"explain=True: expected {path.name} in {path.parent}, found none; write it with "
+                                        f"vit-hub export --model {path.parent} --out {path.parent} --output-attentions")
+            self._explain = preprocessing_session(path, self._threads, arena=False)
+        return self._explain
 
     def _prepared(self, image: np.ndarray) -> np.ndarray | str:
         """pixel_values [1, C, H, W], or the refusal's message."""

@@ -52,8 +52,8 @@ from vit_hub.explain.attribution import METHODS
 from vit_hub.explain.gradients import CONTEXT_SHARE, INTEGRATED_GRADIENT_STEPS, pixel_attributions
 from vit_hub.explain.rollout import DEFAULT_COLOURMAP, FLAT_SPREAD, colour_table
 from vit_hub.explain.run import explain
-from vit_hub.layout import (GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS, PIPELINE_INPUT, PIPELINE_MAP,
-                            PIPELINE_MAP_COLOURS, PIPELINE_MODEL_INPUT, PIPELINE_OUTPUT, PIPELINE_ROLLOUT)
+from vit_hub.layout import (GRAPH_ATTENTIONS, GRAPH_INPUT, GRAPH_LOGITS, MAP_LABEL_KEY, MAP_METHOD_KEY, PIPELINE_INPUT,
+                            PIPELINE_MAP, PIPELINE_MAP_COLOURS, PIPELINE_MODEL_INPUT, PIPELINE_OUTPUT, PIPELINE_ROLLOUT)
 from vit_hub.model.config import ViTConfig
 from vit_hub.processing import canonical
 from vit_hub.processing.preprocess import model_pixels, resize, to_model_domain
@@ -69,8 +69,6 @@ from .session import QUIET_RUN
 # The opening methods the graph computes (`opening_method` picks among the quick ones).
 GRAPH_METHODS = ("integrated_gradients_rollout", "integrated_gradients")
 EXPLAIN_OUTPUTS = (PIPELINE_OUTPUT, PIPELINE_MAP, PIPELINE_ROLLOUT, PIPELINE_MODEL_INPUT, PIPELINE_MAP_COLOURS)
-MAP_METHOD_KEY = "vit_hub.map_method"  # metadata: the name of the method `map` is (attribution.METHODS)
-MAP_LABEL_KEY = "vit_hub.map_label"  # metadata: that method as the page labels it
 OPENING_MAP = "opening_map"  # the network graph's third output, [1, grid_h, grid_w]
 NETWORK_OUTPUTS = (GRAPH_LOGITS, GRAPH_ATTENTIONS, OPENING_MAP)
 NETWORK = "network/"  # the prefix of the traced network's names inside the pipeline

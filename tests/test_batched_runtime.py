@@ -19,12 +19,13 @@ from PIL import Image
 from conftest import assert_one_line, digit_on_paper
 from vit_hub.export import batched_runtime, preprocess_graph, session
 from vit_hub.export.batched_runtime import BATCH_TOLERANCE, UploadClassifier, decoded_upload
-from vit_hub.export.pipeline_graph import (TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels,
+from vit_hub.export.pipeline_graph import (TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels, pipeline_session,
                                            preprocessing_graph, verification_uploads)
 from vit_hub.export.preprocess_graph import EXECUTION_PROVIDER, preprocessing_model, preprocessing_session
 from vit_hub.export.runtime import OnnxClassifier
 from vit_hub.export.session import CPU, CUDA
-from vit_hub.layout import GRAPH_INPUT, PIPELINE_INPUT, ExportLayout
+from vit_hub.layout import (GRAPH_INPUT, PIPELINE_INPUT, PIPELINE_MAP, PIPELINE_OUTPUT, PIPELINE_ROLLOUT,
+                            ExportLayout)
 from vit_hub.errors import UserError
 from vit_hub.model.config import ViTConfig
 from vit_hub.processing.canonical import BLANK_IMAGE, NEARLY_BLANK, EmptyImageError
@@ -284,3 +285,35 @@ def test_a_large_jpeg_is_decoded_at_the_scale_the_model_needs(server, tmp_path):
     small, whole = (answer.probabilities for answer in server.classify([reduced, full]))
     assert small.argmax() == whole.argmax() == int(SAMPLES[2].stem.split("_")[-1])
     assert np.abs(small - whole).max() < 0.01
+
+
+# explain=True: the page's opening map, from pipeline_explain.onnx ---------------------------------
+def test_a_batch_asked_to_explain_gets_each_uploads_map_as_the_graph_gives_it_alone(server, uploads):
+    """Each answer not refused carries pipeline_explain.onnx's map (the page's opening method,
+    integrated gradients + gradient rollout for the bundled model) and rollout of its upload,
+    equal to that graph run on the upload alone, for the class the answer gives; a refused one
+    carries none, and an answer not asked to explain none either."""
+    pixels, _ = uploads
+    batched = server.classify(pixels, explain=True)
+    graph = pipeline_session(LAYOUT.pipeline_explain)
+    assert server.map_method == "integrated_gradients_rollout"
+    assert labels(batched) == labels(server.classify(pixels)) and batched[0].map.shape == server.config.grid_size
+    for upload, answer in zip(pixels, batched):
+        if answer.refusal is not None:
+            assert answer.map is None and answer.rollout is None
+            continue
+        opening, rollout, probabilities = graph.run([PIPELINE_MAP, PIPELINE_ROLLOUT, PIPELINE_OUTPUT],
+                                                    {PIPELINE_INPUT: upload})
+        np.testing.assert_allclose(answer.map, opening, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(answer.rollout, rollout, atol=1e-6, rtol=0)
+        assert int(probabilities.argmax()) == int(answer.probabilities.argmax())
+    assert server.classify(pixels[:1])[0].map is None
+
+
+def test_explain_without_the_explain_graph_names_the_export_flag(uploads, tmp_path):
+    for name in (LAYOUT.logits.name, LAYOUT.config.name):
+        (tmp_path / name).write_bytes((MODEL_DIR / name).read_bytes())
+    with UploadClassifier(tmp_path, providers="cpu", workers=1) as classifier:
+        assert classifier.classify(uploads[0][:1])[0].probabilities is not None
+        with pytest.raises(FileNotFoundError, match=r"^explain=True: expected pipeline_explain.onnx in .*--output-attentions$"):
+            classifier.classify(uploads[0][:1], explain=True)

@@ -62,6 +62,8 @@ PIPELINE_MAP = "map"  # pipeline_map.onnx also: float32 [grid_h, grid_w] in [0, 
 PIPELINE_ROLLOUT = "rollout"  # pipeline_explain.onnx: float32 [grid_h, grid_w], attention rollout (its map: the page's)
 PIPELINE_MODEL_INPUT = "model_input"  # ...uint8 [height, width, channels]: the image the model saw
 PIPELINE_MAP_COLOURS = "map_colours"  # ...uint8 [256, 3]: the app's colour map, a colour per round(255 * map)
+MAP_METHOD_KEY = "vit_hub.map_method"  # pipeline_explain.onnx's metadata: the method its map is (attribution.METHODS)
+MAP_LABEL_KEY = "vit_hub.map_label"  # ...that method as the page labels it
 
 DEFAULT_STEM = "model"
 PIPELINE_STEM = "pipeline"
