@@ -9,8 +9,9 @@ and noise, 10 classes, written in parallel), ViT-S/16 (`--preset small`, 224 px)
   * step alone: `bench/train_throughput.py`'s vit_hub ViT-S/16 step at the same batch on
     random tensors already on the device (no data);
   * loader alone: the trainer's own training loader (`SeededAugmentation`, `EpochSampler`,
-    `make_loader` as `build_loaders` makes them, the default workers unless --workers) with no
-    model, epochs 2 and 3 (workers persist, as in training);
+    `make_loader` and `CropBatches` as `build_loaders` makes them, the default workers unless
+    --workers) and the batch finished as the step would (on a GPU: augmented on the device) with
+    no model, epochs 2 and 3 (workers persist, as in training);
   * end to end: `vit-hub train --data FOLDER --preset small --batch-size B --epochs E` on this
     machine's device, the mean images/s of epochs 2..E from its metrics.json (epoch 1 pays
     for worker start-up and, where it compiles, the compile).
@@ -72,14 +73,20 @@ def loader_alone(folder: Path, batch_size: int, workers: int | None, augment: st
     dataset = batches.SeededAugmentation(splits.train, transform, seed=0)
     sampler = batches.EpochSampler(len(dataset), 0, batch_size, drop_last=True)
     workers = batches.default_workers(device) if workers is None else workers
+    on_device = device != "cpu"  # as the trainer does: the batch augmented on the device, else in the workers
     loader = batches.make_loader(dataset, batch_size, shuffle=False, seed=0, num_workers=workers,
-                                 pin_memory=device == "cuda", sampler=sampler, persistent_workers=True)
+                                 pin_memory=device == "cuda", sampler=sampler, persistent_workers=True,
+                                 collate_fn=batches.CropBatches(None if on_device else transform.augment_batch))
+    finish = transform.finish if on_device else transform.model_input
     rates = []
     for epoch in range(3):
         sampler.set_epoch(epoch)
         started, seen = time.perf_counter(), 0
-        for pixels, _, _ in loader:
+        for pixels, _, draws in loader:
+            finish(pixels.to(device, non_blocking=True), draws.to(device, non_blocking=True))
             seen += len(pixels)
+        if device == "cuda":
+            torch.cuda.synchronize()
         rates.append(seen / (time.perf_counter() - started))
     return sum(rates[1:]) / 2
 
