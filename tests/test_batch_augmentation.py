@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision import transforms as T
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
@@ -31,11 +32,8 @@ def photos(count: int, seed: int = 0, size: tuple[int, int] = SIZE) -> torch.Ten
 
 def seeded_draws(count: int, seed: int = 0) -> torch.Tensor:
     """[count, DRAW_SIZE]: image i's draws from seed (seed, i), crops of the model's size."""
-    rows = []
-    for index in range(count):
-        torch.manual_seed(seed * 100_003 + index)
-        rows.append(batched.draw_photo_augmentation(SIZE, SIZE))
-    return torch.stack(rows)
+    return torch.stack([batched.draw_photo_augmentation(np.random.default_rng([seed, index]), SIZE, SIZE)
+                        for index in range(count)])
 
 
 @pytest.fixture(scope="module")
@@ -49,24 +47,26 @@ def mixed_batch():
 
 @pytest.mark.parametrize("name", RAND_AUGMENT_NAMES)
 def test_each_rand_augment_operation_equals_torchvisions_on_each_image(mixed_batch, name):
-    """v2.RandAugment(2, 9), replayed on each image from the same seed after the draws that come
-    before it, gives the batch's pixels: the same operations, magnitudes and signs drawn,
-    applied to each image alone. For a signed operation both signs are drawn."""
+    """Every image that drew the operation, in a batch where each image drew its own, equals
+    v2.RandAugment's own application of that operation and magnitude to the image alone; the
+    magnitude is v2.RandAugment's (bin 9 of 31) and a signed operation is drawn with both signs."""
     images, draws = mixed_batch
     op = RAND_AUGMENT_NAMES.index(name)
-    after_first = batched.rand_augment_op(images, draws[:, OPS.start].long(), draws[:, MAGNITUDES.start])
-    result = batched.rand_augment_op(after_first, draws[:, OPS.start + 1].long(), draws[:, MAGNITUDES.start + 1])
+    result = batched.rand_augment_op(images, draws[:, OPS.start].long(), draws[:, MAGNITUDES.start])
     chosen = (draws[:, OPS.start] == op).nonzero()[:, 0].tolist()
     assert chosen
-    rand_augment = v2.RandAugment(num_ops=2, magnitude=9)
+    reference = v2.RandAugment(num_ops=2, magnitude=9)
+    fill = reference._fill  # black, as v2.RandAugment fills by default
     for index in chosen:
-        torch.manual_seed(index)
-        torch.rand(1), torch.randperm(4), [torch.empty(1).uniform_() for _ in range(4)]  # flip, jitter
-        assert torch.equal(rand_augment(images[index]), result[index]), (name, index)
+        magnitude = float(draws[index, MAGNITUDES.start])
+        expected = reference._apply_image_or_video_transform(images[index], name, magnitude,
+                                                             interpolation=reference.interpolation, fill=fill)
+        assert torch.equal(expected, result[index]), (name, index)
     magnitudes = draws[chosen, MAGNITUDES.start]
-    _, signed = batched.RAND_AUGMENT_SPACE[name]
-    assert len(set(magnitudes.abs().tolist())) == 1  # magnitude 9 of 31 bins, for every image
-    assert (magnitudes.min() < 0 < magnitudes.max()) if signed and magnitudes.abs().max() else magnitudes.min() >= 0
+    bins, signed = batched.RAND_AUGMENT_SPACE[name]
+    expected_size = 0.0 if bins(31, *SIZE) is None else float(bins(31, *SIZE)[9])
+    assert magnitudes.abs().tolist() == pytest.approx([expected_size] * len(chosen))
+    assert (magnitudes.min() < 0 < magnitudes.max()) if signed else magnitudes.min() >= 0
 
 
 def test_draws_come_from_torchvisions_ranges_with_each_image_its_own():
@@ -83,13 +83,46 @@ def test_draws_come_from_torchvisions_ranges_with_each_image_its_own():
     assert len({tuple(row.tolist()) for row in draws}) == len(draws)  # no two images drew alike
 
 
-def test_erasing_boxes_fit_and_blank_about_a_quarter_of_the_images():
+@pytest.mark.parametrize("height, width", [(60, 90), (64, 64), (100, 40)])
+def test_crop_boxes_come_from_random_resized_crops_distribution(height, width):
+    """Crop boxes drawn here and by torchvision's RandomResizedCrop(scale 0.5-1, ratio 3:4-4:3)
+    on the same frame: areas, aspect ratios and places alike in distribution (4,000 each)."""
+    rng = np.random.default_rng(0)
+    ours = np.array([batched.crop_box(rng, height, width) for _ in range(4000)], dtype=float)  # top, left, h, w
     torch.manual_seed(0)
-    boxes = [batched.erasing_box(20, 30) for _ in range(400)]
-    drawn = [box for box in boxes if box != NO_BOX]
-    assert 60 <= len(drawn) <= 140
-    assert all(0 <= top and top + height <= 20 and 0 <= left and left + width <= 30 and height and width
-               for top, left, height, width in drawn)
+    frame = torch.zeros(1, height, width)
+    theirs = np.array([T.RandomResizedCrop.get_params(frame, [0.5, 1.0], [3 / 4, 4 / 3]) for _ in range(4000)],
+                      dtype=float)
+    for boxes in (ours, theirs):
+        assert (boxes[:, :2] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= height).all()
+        assert (boxes[:, 1] + boxes[:, 3] <= width).all()
+
+    def features(boxes):  # area share, aspect, centre row and column as shares of the frame
+        return np.stack([boxes[:, 2] * boxes[:, 3] / (height * width), boxes[:, 3] / boxes[:, 2],
+                         (boxes[:, 0] + boxes[:, 2] / 2) / height, (boxes[:, 1] + boxes[:, 3] / 2) / width], 1)
+
+    quantiles = [0.1, 0.25, 0.5, 0.75, 0.9]
+    np.testing.assert_allclose(np.quantile(features(ours), quantiles, axis=0),
+                               np.quantile(features(theirs), quantiles, axis=0), atol=0.03)
+
+
+def test_erasing_boxes_come_from_random_erasings_distribution():
+    """Boxes drawn here and by torchvision's RandomErasing(p 0.25, scale 0.02-0.33, ratio
+    0.3-3.3) on a 20x30 image: about a quarter of the images, sizes and places alike."""
+    rng = np.random.default_rng(0)
+    ours = [batched.erasing_box(rng, 20, 30) for _ in range(6000)]
+    drawn = np.array([box for box in ours if box != NO_BOX], dtype=float)
+    assert 0.23 < len(drawn) / len(ours) < 0.27
+    torch.manual_seed(0)
+    image = torch.zeros(1, 20, 30)
+    theirs = np.array([T.RandomErasing.get_params(image, (0.02, 0.33), (0.3, 3.3), [0])[:4] for _ in range(1500)],
+                      dtype=float)
+    theirs = theirs[theirs[:, 2] < 20]  # get_params returns the whole image when no box fitted
+    for boxes in (drawn, theirs):
+        assert (boxes[:, :2] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= 20).all()
+        assert (boxes[:, 1] + boxes[:, 3] <= 30).all()
+    quantiles = [0.1, 0.25, 0.5, 0.75, 0.9]
+    np.testing.assert_allclose(np.quantile(drawn, quantiles, axis=0), np.quantile(theirs, quantiles, axis=0), atol=1.01)
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "box", "hamming", "lanczos", "nearest"])
@@ -145,26 +178,23 @@ def test_each_colour_map_alone_equals_torchvisions(operation, reference):
 def test_the_worker_cuts_a_large_crop_down_to_at_most_twice_the_model_size():
     config = ViTConfig(image_size=list(SIZE), patch_size=4, embed_dim=8, depth=1, num_heads=1, labels=["a", "b"])
     large = Image.fromarray(photos(1, 5, (400, 500))[0].permute(1, 2, 0).numpy())
-    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
     for _ in range(20):
-        crop = random_crop(large, config)
+        crop = random_crop(large, config, rng)
         assert SIZE[0] <= crop.height < 2 * SIZE[0] or SIZE[1] <= crop.width < 2 * SIZE[1]
         assert crop.height >= SIZE[0] and crop.width >= SIZE[1]
 
 
 def test_a_photo_batch_is_the_same_augmented_in_the_step_or_in_the_loader(tmp_path):
     """TrainTransform: `finish` on the batch equals augmenting it in the collate then
-    `model_input`, and calling the transform on one image equals its batch of one."""
+    `model_input`, and an image's result in a padded batch equals its batch of one."""
     config = ViTConfig(image_size=list(SIZE), patch_size=4, embed_dim=8, depth=1, num_heads=1, labels=["a", "b"])
     transform = TrainTransform(config, "photos")
     images = [Image.fromarray(photos(1, seed, (30 + seed, 40 - seed))[0].permute(1, 2, 0).numpy()) for seed in range(6)]
-    samples = []
-    for seed, image in enumerate(images):
-        torch.manual_seed(seed)
-        samples.append((*transform.prepare(image),))
+    samples = [transform.prepare(image, seed) for seed, image in enumerate(images)]
     pixels, _, draws = CropBatches()([(crop, 0, row) for crop, row in samples])
     on_device = transform.finish(pixels, draws)
     in_loader_pixels, _, _ = CropBatches(transform.augment_batch)([(crop, 0, row) for crop, row in samples])
     assert torch.equal(on_device, transform.model_input(in_loader_pixels, draws))
-    torch.manual_seed(2)
-    assert torch.equal(transform(images[2]), on_device[2])
+    pixels, draws = transform.prepare(images[2], 2)  # alone: a batch of one, nothing padded
+    assert torch.equal(transform.finish(pixels[None], draws[None])[0], on_device[2])

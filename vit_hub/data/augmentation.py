@@ -14,10 +14,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from PIL import Image, ImageFilter
-from torchvision import transforms
 from torchvision.transforms import v2
 
-from vit_hub.data.batch_augmentation import ERASE, augment_photos, draw_photo_augmentation, unaugmented_draws
+from vit_hub.data.batch_augmentation import ERASE, augment_photos, crop_box, draw_photo_augmentation, unaugmented_draws
 from vit_hub.data.choices import AUGMENTATIONS
 from vit_hub.errors import DataError
 from vit_hub.model.config import ViTConfig
@@ -84,23 +83,30 @@ class TrainTransform:
             self.affine = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=8)
             self.elastic = v2.RandomApply([v2.ElasticTransform(alpha=ELASTIC_ALPHA, sigma=ELASTIC_SIGMA)], p=0.5)
 
-    def prepare(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare(self, image: Image.Image, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A decoded image -> (uint8 pixels [h, w, C], draws [DRAW_SIZE]): for photos the crop
-        the batch resamples, otherwise the model's size."""
-        return self.augment_image(to_model_domain(image, self.config))
+        the batch resamples, otherwise the model's size. `seed` (default: drawn from torch's
+        generator) decides every random choice."""
+        return self.augment_image(to_model_domain(image, self.config), seed)
 
-    def augment_image(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
+    def augment_image(self, image: Image.Image, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """An image already in the model's domain (`to_model_domain`, deterministic, so a
         caller may compute it once and keep it) -> the random half of `prepare`."""
+        seed = int(torch.randint(2**62, ())) if seed is None else seed
         if self.augment == "photos":
-            crop = random_crop(image, self.config)
-            return uint8_pixels(crop), draw_photo_augmentation((crop.height, crop.width), self.config.image_size)
-        if self.augment == "digits":
-            image = self.affine(resize(image, self.config))
-            if self.as_uploads:
-                image = upload_variations(self.elastic(image))
-        else:
-            image = resize(image, self.config)
+            rng = np.random.default_rng(seed)
+            crop = random_crop(image, self.config, rng)
+            return uint8_pixels(crop), draw_photo_augmentation(rng, (crop.height, crop.width), self.config.image_size)
+        # devices=[]: torchvision's transforms draw from the CPU generator only; forking every
+        # CUDA device's generator as well would cost time on every sample
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            if self.augment == "digits":
+                image = self.affine(resize(image, self.config))
+                if self.as_uploads:
+                    image = upload_variations(self.elastic(image))
+            else:
+                image = resize(image, self.config)
         return uint8_pixels(image), unaugmented_draws(*self.config.image_size)
 
     def augment_batch(self, pixels: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
@@ -159,13 +165,13 @@ def uint8_pixels(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(pixels[..., None] if pixels.ndim == 2 else pixels)
 
 
-def random_crop(image: Image.Image, config: ViTConfig) -> Image.Image:
+def random_crop(image: Image.Image, config: ViTConfig, rng: np.random.Generator) -> Image.Image:
     """The box of a random-resized crop (CROP_SCALE of the image's area, aspect 3:4 to 4:3),
     cut out and, when it is twice the model's size or more on both sides, shrunk by the whole
     factor that leaves it 1-2 times that size (PIL's reduce: the mean of each factor x factor
     block, as PIL's resize does first with `reducing_gap=1`), so the worker sends at most 4x
     the model's pixels; the batch resamples it to the model's size (`augment_photos`)."""
-    top, left, height, width = transforms.RandomResizedCrop.get_params(image, list(CROP_SCALE), [3 / 4, 4 / 3])
+    top, left, height, width = crop_box(rng, image.height, image.width, CROP_SCALE)
     size_y, size_x = config.image_size
     factor = max(1, min(height // size_y, width // size_x))
     box = (left, top, left + width, top + height)

@@ -10,8 +10,10 @@ per-pixel work then runs here, on the batch, with each image's own draws:
          where the draw says -> colour jitter -> RandAugment (2 ops, magnitude 9)
       -> uint8 [B, C, H, W]; `augmentation.ModelInput` then normalises and erases
 
-The draws are torchvision's (RandomResizedCrop, RandAugment, RandomErasing), made in the
-same order as the per-image augmentation made them, so the distribution is the same.
+The draws follow torchvision's distributions (RandomResizedCrop, ColorJitter's factors,
+RandAugment's operations and magnitudes, RandomErasing), from a NumPy generator seeded per
+sample: a few microseconds an image, where torch's one-number draws cost a tenth of a
+millisecond.
 Libraries that augment batches were weighed first: torchvision.transforms.v2 draws one set
 of parameters per call, and kornia.augmentation's RandAugment samples its own policy (a
 different operation set and magnitude scale) rather than torchvision's. So the draws stay
@@ -24,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
@@ -53,16 +56,33 @@ def unaugmented_draws(height: int, width: int) -> torch.Tensor:
     return _draws_row((height, width), 0.0, [0, 1, 2, 3], [1.0, 1.0, 1.0, 0.0], [(0, 0.0)] * RAND_AUGMENT_OPS, NO_BOX)
 
 
-def draw_photo_augmentation(crop_size: tuple[int, int], image_size: tuple[int, int]) -> torch.Tensor:
-    """One photo's draws after its crop box: flip, colour jitter (ColorJitter's order and
-    factors), RandAugment's two operations and signs, then random erasing's box, from torch's
-    default generator in that order. -> [DRAW_SIZE]"""
-    flip = float(torch.rand(1) < 0.5)
-    order = torch.randperm(4).tolist()
-    amounts = [float(torch.empty(1).uniform_(1 - spread, 1 + spread)) for spread in JITTER[:3]]
-    amounts.append(float(torch.empty(1).uniform_(-JITTER[HUE], JITTER[HUE])))
-    operations = [_draw_rand_augment_op(*image_size) for _ in range(RAND_AUGMENT_OPS)]
-    return _draws_row(crop_size, flip, order, amounts, operations, erasing_box(*image_size))
+def crop_box(rng: np.random.Generator, height: int, width: int, scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3)) -> tuple:
+    """A random-resized crop's box in an image of this size (RandomResizedCrop's distribution:
+    `scale` of the area, the aspect ratio log-uniform in `ratio`, up to ten tries, else the
+    centre's largest box within `ratio`): (top, left, height, width)."""
+    for _ in range(10):
+        area = height * width * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        box_width, box_height = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+        if 0 < box_width <= width and 0 < box_height <= height:
+            top, left = rng.integers(height - box_height + 1), rng.integers(width - box_width + 1)
+            return int(top), int(left), box_height, box_width
+    box_width = min(width, round(height * ratio[1]))
+    box_height = min(height, round(box_width / ratio[0]))
+    return (height - box_height) // 2, (width - box_width) // 2, box_height, box_width
+
+
+def draw_photo_augmentation(rng: np.random.Generator, crop_size: tuple[int, int],
+                            image_size: tuple[int, int]) -> torch.Tensor:
+    """One photo's draws after its crop box: flip, colour jitter (ColorJitter's random order
+    and factors), RandAugment's two operations and signs (as v2.RandAugment draws them), and
+    random erasing's box. -> [DRAW_SIZE]"""
+    flip = float(rng.random() < 0.5)
+    order = rng.permutation(4).tolist()
+    amounts = [*rng.uniform([1 - spread for spread in JITTER[:3]], [1 + spread for spread in JITTER[:3]]).tolist(),
+               float(rng.uniform(-JITTER[HUE], JITTER[HUE]))]
+    operations = [_draw_rand_augment_op(rng, *image_size) for _ in range(RAND_AUGMENT_OPS)]
+    return _draws_row(crop_size, flip, order, amounts, operations, erasing_box(rng, *image_size))
 
 
 def _draws_row(crop_size: tuple[int, int], flip: float, order: list[int], amounts: list[float],
@@ -72,30 +92,28 @@ def _draws_row(crop_size: tuple[int, int], flip: float, order: list[int], amount
     return torch.tensor([*crop_size, flip, *order, *amounts, *ops, *magnitudes, *box], dtype=torch.float32)
 
 
-def erasing_box(height: int, width: int, p: float = 0.25, scale=(0.02, 0.33), ratio=(0.3, 3.3)) -> tuple:
-    """The box random erasing blanks (torchvision's RandomErasing parameters): (top, left,
-    height, width), or NO_BOX for the three images in four it leaves alone."""
-    if torch.rand(1) >= p:
+def erasing_box(rng: np.random.Generator, height: int, width: int, p: float = 0.25, scale=(0.02, 0.33),
+                ratio=(0.3, 3.3)) -> tuple:
+    """The box random erasing blanks (RandomErasing's distribution): (top, left, height,
+    width), or NO_BOX for the three images in four it leaves alone."""
+    if rng.random() >= p:
         return NO_BOX
-    log_ratio = torch.log(torch.tensor(ratio))
     for _ in range(10):
-        area = height * width * torch.empty(1).uniform_(*scale).item()
-        aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        area = height * width * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
         box_height, box_width = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
         if box_height < height and box_width < width:
-            top = int(torch.randint(0, height - box_height + 1, size=(1,)))
-            left = int(torch.randint(0, width - box_width + 1, size=(1,)))
-            return top, left, box_height, box_width
+            top, left = rng.integers(height - box_height + 1), rng.integers(width - box_width + 1)
+            return int(top), int(left), box_height, box_width
     return NO_BOX
 
 
-def _draw_rand_augment_op(height: int, width: int) -> tuple[int, float]:
-    """One of RandAugment's operations and its magnitude, drawn as v2.RandAugment draws them."""
-    op = int(torch.randint(len(RAND_AUGMENT_NAMES), ()))
+def _draw_rand_augment_op(rng: np.random.Generator, height: int, width: int) -> tuple[int, float]:
+    """One of RandAugment's operations, uniformly, and its magnitude, negative half the time
+    for the operations v2.RandAugment signs."""
+    op = int(rng.integers(len(RAND_AUGMENT_NAMES)))
     magnitude, signed = _magnitude(op, height, width)
-    if signed and torch.rand(()) <= 0.5:
-        magnitude = -magnitude
-    return op, magnitude
+    return op, -magnitude if signed and rng.random() < 0.5 else magnitude
 
 
 @functools.lru_cache(maxsize=256)

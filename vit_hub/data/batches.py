@@ -114,10 +114,11 @@ class SeededAugmentation(Dataset):
     `TrainTransform.prepare`, keyed by `epoch * n + index`; `CropBatches` puts them in
     batches and the transform's `finish` (or `augment_batch` then `model_input`) ends them.
 
-    Each sample draws its augmentation from its own seed (`sample_seed`) inside a forked
-    RNG, so the images a run sees depend on the seed alone: not on the number of DataLoader
-    workers, on whether they persist across epochs, or on the number of processes, and
-    the main process's RNG (dropout) is left untouched when there are no workers. The
+    Each sample draws its augmentation from its own seed (`sample_seed`, given to
+    `TrainTransform.augment_image`), so the images a run sees depend on the seed alone: not
+    on the number of DataLoader workers, on whether they persist across epochs, or on the
+    number of processes, and the main process's RNG (dropout) is left untouched when there
+    are no workers. The
     deterministic first half of `prepare` comes from `DomainImages` (kept for digits).
     """
 
@@ -133,11 +134,7 @@ class SeededAugmentation(Dataset):
     def __getitem__(self, key: int):
         epoch, index = divmod(key, len(self.images))
         image, label = self.images[index]
-        # devices=[]: only the CPU generator is forked, the one augmentation draws from; forking
-        # every CUDA device's generator as well would cost time on every sample
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))
-            pixels, draws = self.transform.augment_image(image)
+        pixels, draws = self.transform.augment_image(image, sample_seed(self.seed, epoch, index))
         return pixels, label, draws
 
 
