@@ -23,6 +23,14 @@ colourfulness per patch for colour ones: "where is the object") and random.
 
     python bench/faithfulness.py [--model models/vit-mnist] [--data mnist] [--images 500] [--first 0]
     python bench/faithfulness.py --model DIR --data ROOT/marked       # bench/marked_objects.py
+    python bench/faithfulness.py --graph models/vit-mnist/pipeline_explain.onnx \
+        --methods integrated_gradients_rollout,rollout --no-peers --timing no --images 500
+
+--graph adds the maps other apps get: the graph's `map` and `rollout` outputs (pipeline_explain.onnx,
+or pipeline_map.onnx's `map`), computed with ONNX Runtime's CPU provider (one thread) from each
+test image's decoded pixels, as an app gives it an upload; the curves are the same torch model's
+on the same model pixels (the graph's model_input is the Python path's). --methods keeps only
+those of the app's methods (and drops the other rows but random), for a quicker run.
 """
 
 from __future__ import annotations
@@ -69,15 +77,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true", help="skip captum and pytorch-grad-cam")
     parser.add_argument("--timing", choices=("yes", "no", "only"), default="yes",
                         help="no: AUCs only (run them beside other jobs); only: ms/img only (run it alone)")
+    parser.add_argument("--graph", type=Path, help="also measure this pipeline graph's maps, with ONNX Runtime")
+    parser.add_argument("--methods", help="comma-separated names in METHODS: measure only these of the app's methods")
     parser.add_argument("--write", type=Path, help="also write the methods' rows as JSON here (faithfulness.json "
                         "in a model dir: the app shows its methods' rows; tests check the bench-only ones)")
     return parser.parse_args()
 
 
+def test_uploads(data: str, count: int, first: int = 0) -> list:
+    """`count` images of the test split from index `first` on, as PIL images."""
+    test = load_splits(data, val_split=0.0).test
+    return [test[i][0] for i in range(first, min(first + count, len(test)))]
+
+
 def test_images(data: str, count: int, config, first: int = 0) -> np.ndarray:
     """`count` images of the test split from index `first` on -> model pixels [N, C, H, W]."""
-    test = load_splits(data, val_split=0.0).test
-    return preprocess_batch([test[i][0] for i in range(first, min(first + count, len(test)))], config)
+    return preprocess_batch(test_uploads(data, count, first), config)
 
 
 def patch_order(maps: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -191,7 +206,33 @@ def per_patch(values: np.ndarray, config) -> np.ndarray:
     return values.reshape(len(values), grid_h, patch_h, grid_w, patch_w).sum(axis=(2, 4))
 
 
-def rows_of(model, config, peers: bool) -> list[tuple[str, MapFn]]:
+def graph_maps(graph: Path, uploads: list, classes: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The maps of a pipeline graph's outputs (map, and rollout where it has one) for each upload,
+    run with ONNX Runtime's CPU provider on one thread -> [(row name, maps [N, h, w])]."""
+    import onnxruntime as ort
+
+    from vit_hub.export.pipeline_graph import decoded_pixels
+    from vit_hub.layout import MAP_LABEL_KEY, PIPELINE_INPUT, PIPELINE_MAP, PIPELINE_OUTPUT, PIPELINE_ROLLOUT
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+    outputs = [name for name in (PIPELINE_MAP, PIPELINE_ROLLOUT) if name in {o.name for o in session.get_outputs()}]
+    label = session.get_modelmeta().custom_metadata_map.get(MAP_LABEL_KEY, "Attention rollout")
+    started = time.perf_counter()
+    answers = [session.run([PIPELINE_OUTPUT, *outputs], {PIPELINE_INPUT: decoded_pixels(image)}) for image in uploads]
+    same = sum(int(answer[0].argmax()) == int(expected) for answer, expected in zip(answers, classes))
+    print(f"  {graph.name}: {same}/{len(uploads)} labels as the torch model's, "
+          f"{1000 * (time.perf_counter() - started) / len(uploads):.1f} ms per upload (wall, one thread)",
+          file=sys.stderr, flush=True)
+    names = {PIPELINE_MAP: label, PIPELINE_ROLLOUT: "Attention rollout"}
+    return [(f"{names[output]}: `{graph.name}`'s `{output}`, ONNX Runtime CPU",
+             np.stack([answer[1 + index] for answer in answers])) for index, output in enumerate(outputs)]
+
+
+def rows_of(model, config, peers: bool, only: list[str] | None = None) -> list[tuple[str, MapFn]]:
+    if only:
+        return [(f"{METHODS[name].label} (`{name}`)", vit_hub_method(model, name)) for name in only]
     rows = [(f"{method.label} (`{name}`)", vit_hub_method(model, method))
             for name, method in (METHODS | OTHER_METHODS).items()]
     rows += [(f"Integrated gradients, {steps} steps", vit_hub_method(model, "integrated_gradients", steps=steps))
@@ -245,15 +286,20 @@ def main() -> None:
     random_drop = {k: base - random_deletion[:, i].mean() for k, i in ((k10, i10), (k30, i30))}
 
     table = []
-    for name, attribute in rows_of(model, config, not args.no_peers):
+    rows = rows_of(model, config, not args.no_peers, args.methods.split(",") if args.methods else None)
+    if args.graph:  # precomputed maps [N, h, w], not MapFns
+        rows += graph_maps(args.graph, test_uploads(args.data, args.images, args.first), classes)
+    for name, attribute in rows:
         started = time.perf_counter()
-        maps = np.concatenate([attribute(pixels[i:i + args.batch], classes[i:i + args.batch])
-                               for i in range(0, len(pixels), args.batch)])
+        maps = attribute if isinstance(attribute, np.ndarray) else np.concatenate(
+            [attribute(pixels[i:i + args.batch], classes[i:i + args.batch]) for i in range(0, len(pixels), args.batch)])
         deletion, insertion = curves(model, pixels, classes, patch_order(maps, rng), config)
         drops = [(base - deletion[:, i].mean()) / random_drop[k] for k, i in ((k10, i10), (k30, i30))]
-        ms = ms_per_image(attribute, pixels, classes, args.timing_images) if args.timing == "yes" else float("nan")
+        ms = ms_per_image(attribute, pixels, classes, args.timing_images) \
+            if args.timing == "yes" and not isinstance(attribute, np.ndarray) else float("nan")
         table.append((name, auc(deletion, patches), auc(insertion, patches), *drops, ms))
-        print(f"  {name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        print(f"  {name}: {time.perf_counter() - started:.0f} s; deletion AUC {table[-1][1]:.4f}, insertion AUC "
+              f"{table[-1][2]:.4f}", file=sys.stderr, flush=True)
     table.append(("random", float(np.mean([auc(deletion, patches) for deletion, _ in random_curves])),
                   float(np.mean([auc(insertion, patches) for _, insertion in random_curves])), 1.0, 1.0, float("nan")))
 
