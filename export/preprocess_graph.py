@@ -34,7 +34,7 @@ from vit_hub.processing import canonical
 from vit_hub.processing.preprocess import preprocess
 
 from .pipeline_graph import decoded_pixels, preprocessing_graph
-from .session import CPU, ORT_ERRORS, QUIET_RUN, quiet_session_options
+from .session import CPU, ORT_ERRORS, QUIET_RUN, quiet_session_options, without_spinning
 
 EXECUTION_PROVIDER = "vit_hub.execution_provider"  # metadata: the provider the graph is meant for
 # Largest |preprocess.onnx - preprocess| accepted per pixel value: both paths run the same float32
@@ -64,8 +64,10 @@ def preprocessing_session(model: onnx.ModelProto | Path, threads: int | None = N
     """A session of a preprocessing graph on the provider it is meant for, the CPU's, whatever
     runs the network (`threads`: its intra-op threads, default onnxruntime's choice). `arena=False`
     for a server: onnxruntime's CPU arena keeps the most any run took for good (760 MB after
-    16-megapixel uploads on two threads); without it each run's memory is freed when it ends."""
-    options = quiet_session_options()
+    16-megapixel uploads on two threads); without it each run's memory is freed when it ends.
+    Its idle threads sleep rather than spin (`session.NO_SPINNING`): the graph's operators are
+    many and small, and a spinning thread took as much CPU time as the one running them."""
+    options = without_spinning(quiet_session_options())
     options.enable_cpu_mem_arena = arena
     if threads:
         options.intra_op_num_threads = threads

@@ -59,12 +59,14 @@ class OnnxClassifier:
             fp16 when CUDA runs the model and the copy exists, else fp32.
         threads: onnxruntime intra-op threads (default: onnxruntime's choice, one per core).
         io_binding: bind inputs/outputs to the device; default: on when CUDA runs the model.
+        spinning: False makes onnxruntime's idle threads sleep between runs instead of spinning
+            on a core (`session.NO_SPINNING`): for a server whose other threads need the cores.
     """
 
     def __init__(self, model_path: str | Path, config_path: str | Path | None = None,
                  providers: str | Sequence[Any] = "auto", strict: bool = False,
                  threads: int | None = None, io_binding: bool | None = None, exact: bool = False,
-                 precision: str = "auto"):
+                 precision: str = "auto", spinning: bool = True):
         self.layout = ExportLayout.for_model(model_path)
         self.model_path = self.layout.logits
         self.model_dir = self.layout.folder  # from_model: the model's own folder, which holds its weights
@@ -73,7 +75,7 @@ class OnnxClassifier:
                                     f"(export one with: {EXPORT_COMMAND} {self.model_path})")
         self.config = ViTConfig.from_json(config_path or self.layout.config)
         wanted, explicit = requested_providers(providers, exact)
-        self._threads = threads
+        self._threads, self._spinning = threads, spinning
         self.precision, self.session = self._open(wanted, precision)
         report_fallback(wanted, self.providers[0], explicit, strict)
         # What later sessions (the attentions graph) ask for: what this one got, after a fallback.
@@ -89,9 +91,10 @@ class OnnxClassifier:
         run it, and the float32 graph again when CUDA did not start after all."""
         fp16_exported = self.layout.in_precision(self.model_path, "fp16").is_file()
         chosen = choose_precision(precision, wanted, cuda_can_start(), fp16_exported)
-        session = create_session(self._graph(self.model_path, chosen), wanted, self._threads, self.config)
+        session = create_session(self._graph(self.model_path, chosen), wanted, self._threads, self.config,
+                                 self._spinning)
         if precision == "auto" and chosen == "fp16" and session.get_providers()[0] != CUDA:  # CUDA did not start
-            return "fp32", create_session(self.model_path, wanted, self._threads, self.config)
+            return "fp32", create_session(self.model_path, wanted, self._threads, self.config, self._spinning)
         return chosen, session
 
     @classmethod
@@ -174,7 +177,7 @@ class OnnxClassifier:
                                     f"export it with: {EXPORT_COMMAND} {self.model_path} --output-attentions")
                 half = self.layout.in_precision(path, self.precision)  # an fp16 copy when there is one
                 graph = half if half.is_file() else path
-                session = create_session(graph, self._providers, self._threads, self.config)
+                session = create_session(graph, self._providers, self._threads, self.config, self._spinning)
                 self._check_weights(session, graph, paired_with=self.weights_sha256)
                 self._attentions = session
         return self._attentions

@@ -43,6 +43,12 @@ ORT_DEFAULT_LOG_SEVERITY = 2  # warning; onnxruntime offers no getter to save an
 QUIET_RUN = ort.RunOptions()
 QUIET_RUN.log_severity_level = 4
 # What onnxruntime raises for a file it cannot load or run (none of them is an OSError or ValueError).
+# Session config entries that make onnxruntime's idle threads wait instead of spinning on a core.
+# A thread pool spins between runs by default, which buys a little latency for back-to-back runs
+# and burns a core otherwise: in UploadClassifier, whose network session ran once per batch while
+# the preprocessing ran in other threads, its idle thread took a third of the CPU time per upload
+# (BENCHMARKS.md, "Uploads decoded at a reduced scale").
+NO_SPINNING = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
 ORT_ERRORS = (ort_state.InvalidProtobuf, ort_state.InvalidGraph, ort_state.NoSuchFile, ort_state.Fail,
               ort_state.NotImplemented, ort_state.InvalidArgument, ort_state.RuntimeException)
 
@@ -151,6 +157,13 @@ def quiet_session_options() -> ort.SessionOptions:
     return options
 
 
+def without_spinning(options: ort.SessionOptions) -> ort.SessionOptions:
+    """`options` with NO_SPINNING set: the session's idle threads sleep until it runs again."""
+    for key, value in NO_SPINNING.items():
+        options.add_session_config_entry(key, value)
+    return options
+
+
 @contextlib.contextmanager
 def _quiet_onnxruntime():
     """Silence onnxruntime's own error and warning lines while CUDA is tried: the classifier
@@ -163,11 +176,12 @@ def _quiet_onnxruntime():
 
 
 def create_session(path: Path, providers: list[Any], threads: int | None = None,
-                   config: ViTConfig | None = None) -> ort.InferenceSession:
+                   config: ViTConfig | None = None, spinning: bool = True) -> ort.InferenceSession:
     """An inference session on the first provider that starts (onnxruntime's own fallback), for
-    a graph that passed `check_graph` against `config` (default: the config.json beside it)."""
+    a graph that passed `check_graph` against `config` (default: the config.json beside it);
+    `spinning=False` sets NO_SPINNING, for a session that shares the cores with other work."""
     check_graph(path, config or ViTConfig.from_json(ExportLayout.for_model(path).config))
-    options = ort.SessionOptions()
+    options = ort.SessionOptions() if spinning else without_spinning(ort.SessionOptions())
     if threads:
         options.intra_op_num_threads = threads
     if provider_name(providers[0]) != CUDA:

@@ -130,6 +130,21 @@ def test_each_worker_gets_its_share_of_the_cores(monkeypatch, cores, workers, th
         assert not options.enable_cpu_mem_arena
 
 
+@pytest.mark.parametrize("workers", [1, 2], ids=["one worker", "two workers"])
+def test_no_session_of_the_route_spins_while_it_waits(workers):
+    """onnxruntime's idle threads spin on a core by default: the network's, between batches, took
+    a third of the CPU time per upload while the workers preprocessed, and with one worker the
+    preprocessing's second thread as much as the first. Both sessions sleep instead; a plain
+    OnnxClassifier keeps onnxruntime's default."""
+    with UploadClassifier(MODEL_DIR, providers="cpu", workers=workers) as classifier:
+        for each in (classifier.network.session, classifier._preprocessing):
+            options = each.get_session_options()
+            assert {key: options.get_session_config_entry(key) for key in session.NO_SPINNING} == session.NO_SPINNING
+    with pytest.raises(RuntimeError):  # no entry: onnxruntime's default (spinning)
+        OnnxClassifier(MODEL_DIR, providers="cpu").session.get_session_options().get_session_config_entry(
+            "session.intra_op.allow_spinning")
+
+
 @pytest.mark.parametrize("image, error", [(np.zeros((40, 40, 3), np.float32), TypeError),
                                           ("digit.png", TypeError), (np.zeros((40, 40), np.uint8), ValueError)],
                          ids=["float pixels", "a path", "rank 2"])

@@ -16,6 +16,7 @@ from conftest import digit_on_paper
 from vit_hub.data.augmentation import TrainTransform
 from vit_hub.data.batches import EvalTransform
 from vit_hub.model.config import ViTConfig
+from vit_hub.processing import canonical as canonical_module
 from vit_hub.processing.canonical import NEARLY_BLANK, STROKE_SHARE, EmptyImageError, centre_digit, stroke_width
 from vit_hub.processing.preprocess import preprocess, to_model_domain, to_model_mode
 
@@ -265,6 +266,22 @@ def test_a_small_digit_on_a_large_page_is_still_a_digit():
     page.paste(ImageOps.invert(sample).resize((112, 112), Image.Resampling.BICUBIC), (900, 700))
     alone = ImageOps.invert(sample).resize((112, 112), Image.Resampling.BICUBIC)
     assert correlation(canonical(page), canonical(alone)) > 0.9
+
+
+@pytest.mark.parametrize("invert", [False, True], ids=["light ink on dark", "dark ink on paper"])
+def test_the_whole_picture_is_shrunk_once_each_way_and_gives_the_same_digit(monkeypatch, invert):
+    """The full-size picture is shrunk to the search plane twice (inverted and as it is, to
+    read the ink's polarity), and the paper and the ink box are found on the copy already made:
+    a shrink per step was twice the work for the same digit."""
+    sample = Image.open(SAMPLES[0]).convert("L").resize((900, 700), Image.Resampling.BICUBIC)
+    picture = ImageOps.invert(sample) if invert else sample
+    expected = np.asarray(centre_digit(picture, (28, 28)))
+    calls = []
+    real_shrink = canonical_module.shrink
+    monkeypatch.setattr(canonical_module, "shrink",
+                        lambda signal, longest: calls.append(signal.size) or real_shrink(signal, longest))
+    np.testing.assert_array_equal(np.asarray(centre_digit(picture, (28, 28))), expected)
+    assert calls.count((900, 700)) == 2
 
 
 def test_the_config_names_the_canonicalisation():

@@ -67,9 +67,9 @@ def centre_digit(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     width), framed like MNIST. `preprocess.to_model_mode(image, 1)` gives any image that mode."""
     if image.mode != "L":
         raise ValueError(f"expected a grayscale (L) image, got mode {image.mode}; convert it with to_model_mode")
-    signal = ink_signal(image)
-    paper = Paper.of(shrink(signal, WORK_SIDE))
-    shape = stroke_shape(signal, paper, _ink_box(signal, paper))
+    signal, work = _signal_and_work(image)
+    paper = Paper.of(work)
+    shape = stroke_shape(signal, paper, _ink_box(signal, work, paper))
     return _centre_by_mass(_fit_to_box(with_stroke_width(shape), size), size)
 
 
@@ -79,13 +79,21 @@ def ink_signal(gray: Image.Image) -> Image.Image:
     The paper is the majority of pixels (the median); the ink is whichever of the darkest and
     the brightest marks lies further from it. Those are read on copies shrunk by block minima
     and maxima, so a hairline on a large canvas counts as much as a marker stroke."""
+    return _signal_and_work(gray)[0]
+
+
+def _signal_and_work(gray: Image.Image) -> tuple[Image.Image, np.ndarray]:
+    """(`ink_signal` of gray levels, its copy shrunk to WORK_SIDE [h, w]): the shrunk copy read
+    for the ink's polarity is the one the paper and the ink box are found on, so the full-size
+    picture is shrunk twice (inverted and as it is), not once more for each of them."""
     median = float(np.median(np.asarray(gray.reduce(max(1, max(gray.size) // WORK_SIDE)))))
     inverted = gray.point(lambda level: 255 - level)
-    darkest = 255 - np.percentile(shrink(inverted, WORK_SIDE), EXTREME_PERCENTILE)
-    brightest = np.percentile(shrink(gray, WORK_SIDE), EXTREME_PERCENTILE)
+    shrunk_inverted, shrunk_gray = shrink(inverted, WORK_SIDE), shrink(gray, WORK_SIDE)
+    darkest = 255 - np.percentile(shrunk_inverted, EXTREME_PERCENTILE)
+    brightest = np.percentile(shrunk_gray, EXTREME_PERCENTILE)
     if max(median - darkest, brightest - median) < MIN_CONTRAST:
         raise EmptyImageError(BLANK_IMAGE)
-    return inverted if median - darkest > brightest - median else gray
+    return (inverted, shrunk_inverted) if median - darkest > brightest - median else (gray, shrunk_gray)
 
 
 def shrink(signal: Image.Image, longest: int) -> np.ndarray:
@@ -177,12 +185,11 @@ def _quadratic_basis(y: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.stack([np.ones_like(x), x, y, x * x, x * y, y * y], axis=1)  # [n, 6]
 
 
-def _ink_box(signal: Image.Image, paper: Paper) -> tuple[int, int, int, int]:
+def _ink_box(signal: Image.Image, work: np.ndarray, paper: Paper) -> tuple[int, int, int, int]:
     """Where the digit is in an ink-bright picture: (top, left, bottom, right) in its pixels,
-    found on a copy at most WORK_SIDE large, without specks of dust far from the ink's mass,
+    found on `work`, its copy shrunk to WORK_SIDE, without specks of dust far from the ink's mass,
     with a margin of CROP_MARGIN of its longer side. Ink spanning fewer than MIN_INK_SIDE pixels,
     or less than MIN_INK_SHARE of the picture's longer side, is no digit (EmptyImageError)."""
-    work = shrink(signal, WORK_SIDE)
     rows, cols = np.nonzero(_without_outliers(_without_frame_marks(paper.ink(work, (0, 0), (1, 1)))))
     scale_y, scale_x = signal.height / work.shape[0], signal.width / work.shape[1]
     ink_side = max((np.ptp(rows) + 1) * scale_y, (np.ptp(cols) + 1) * scale_x)  # in the picture's pixels
