@@ -48,7 +48,7 @@ from vit_hub.layout import MAP_METHOD_KEY, PIPELINE_INPUT, PIPELINE_MAP, PIPELIN
 from vit_hub.processing.canonical import BLANK_IMAGE, NEARLY_BLANK, NO_INK
 from vit_hub.processing.postprocess import softmax
 from vit_hub.processing.postprocess import top_k as rank_top_k
-from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, decode_side, load_image, open_image
+from vit_hub.processing.preprocess import UPLOAD_MAX_PIXELS, decode_side, load_image, open_image, to_model_mode
 
 from .pipeline_graph import TOO_LARGE, TOO_SMALL, WRONG_CHANNELS, decoded_pixels
 from .preprocess_graph import preprocessing_model, preprocessing_session, run_preprocessing
@@ -117,8 +117,9 @@ class UploadClassifier:
     def decode(self, source: str | Path | bytes) -> np.ndarray:
         """An upload's file (or its bytes) -> uint8 [height, width, channels], as `decoded_upload`
         decodes it for this model: a large JPEG at the reduced scale `decode_side` keeps, so a
-        12-megapixel photo is never decoded or canonicalised at full size."""
-        return decoded_upload(source, decode_side(self.config))
+        12-megapixel photo is never decoded or canonicalised at full size; for a digit model, its
+        gray levels [height, width, 1], which is all the canonicalisation reads."""
+        return decoded_upload(source, decode_side(self.config), gray=self.config.canonicalize == "digit")
 
     def preprocess(self, image: np.ndarray) -> np.ndarray:
         """uint8 [height, width, channels] -> pixel_values float32 [1, C, H, W]; an upload the
@@ -217,16 +218,21 @@ def refusal(error: Exception) -> str:
     return next((message for message in REFUSALS if message in text), ort_detail(error))
 
 
-def decoded_upload(source: str | Path | bytes | Image.Image, min_side: int | None = None) -> np.ndarray:
+def decoded_upload(source: str | Path | bytes | Image.Image, min_side: int | None = None,
+                   gray: bool = False) -> np.ndarray:
     """An upload (a file, its bytes as a server receives them, or an opened image) -> uint8
     [height, width, channels], decoded as the app decodes it: the size checked from the header,
     a JPEG over UPLOAD_MAX_PIXELS decoded reduced, and with `min_side` (the model's `decode_side`;
     UploadClassifier.decode passes it) a larger JPEG decoded at the most reduced scale that keeps
-    that many pixels on its shorter side; the EXIF orientation applied. A file that is not a
-    readable image raises UserError in one line (`open_image`)."""
+    that many pixels on its shorter side; the EXIF orientation applied. With `gray` (a digit
+    model), the gray levels [height, width, 1] as `preprocess` makes them (`to_model_mode`: alpha
+    over white, Pillow's convert("L")): the preprocessing graph's own conversion, bit for bit,
+    done once in Pillow's C rather than as graph operators over every pixel. A file that is not
+    a readable image raises UserError in one line (`open_image`)."""
     image = source if isinstance(source, Image.Image) else open_image(source, max_pixels=UPLOAD_MAX_PIXELS,
                                                                        min_side=min_side)
-    return decoded_pixels(load_image(image))
+    image = load_image(image)
+    return np.asarray(to_model_mode(image, 1))[..., None] if gray else decoded_pixels(image)
 
 
 def available_cores() -> int:

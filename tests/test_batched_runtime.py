@@ -295,11 +295,28 @@ def test_a_large_jpeg_is_decoded_at_the_scale_the_model_needs(server, tmp_path):
     path = tmp_path / "photo.jpg"
     digit_on_paper(SAMPLES[2], canvas=(2400, 1800), at=(700, 450), side=900).save(path, quality=90)
     reduced, full = server.decode(path), decoded_upload(path)
-    assert reduced.shape == (900, 1200, 3) and full.shape == (1800, 2400, 3)
+    assert reduced.shape == (900, 1200, 1) and full.shape == (1800, 2400, 3)  # a digit model's: gray levels
     np.testing.assert_array_equal(server.decode(path.read_bytes()), reduced)
     small, whole = (answer.probabilities for answer in server.classify([reduced, full]))
     assert small.argmax() == whole.argmax() == int(SAMPLES[2].stem.split("_")[-1])
     assert np.abs(small - whole).max() < 0.01
+
+
+def test_a_digit_model_decodes_gray_levels_that_give_the_colour_uploads_pixels_bit_for_bit(server, uploads, tmp_path):
+    """UploadClassifier.decode hands a digit model's graph the gray levels [h, w, 1] (alpha over
+    white, Pillow's convert("L"), as `preprocess` makes them) instead of the colour and alpha
+    channels it would convert itself, operator by operator: the same pixel values, bit for bit,
+    or the same refusal, for every kind of upload (gray, RGB, alpha)."""
+    colour, made = uploads
+    for index, (pixels, image) in enumerate(zip(colour, made)):
+        path = tmp_path / f"upload_{index}.png"
+        image.save(path)
+        gray = server.decode(path)
+        assert gray.shape == (*pixels.shape[:2], 1) and gray.dtype == np.uint8
+        got, expected = server._prepared(gray), server._prepared(pixels)  # pixel values, or the refusal
+        assert type(got) is type(expected)
+        np.testing.assert_array_equal(got, expected)
+    assert {pixels.shape[2] for pixels in colour} >= {1, 3, 4}  # gray, RGB and RGBA uploads were tried
 
 
 # explain=True: the page's opening map, from pipeline_explain.onnx ---------------------------------

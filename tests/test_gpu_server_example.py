@@ -206,8 +206,8 @@ def test_the_batcher_refuses_what_would_stop_it(batch, wait_ms):
 # Requests -----------------------------------------------------------------------------------------
 def test_a_large_jpeg_is_decoded_at_the_scale_the_model_needs(tmp_path):
     """The server's decode thread reads a 2400x1800 phone JPEG's bytes at 1200x900 (1/2 a side,
-    keeping a digit model's 512 pixels on the shorter side) and preprocesses that, with the
-    label of the full decode."""
+    keeping a digit model's 512 pixels on the shorter side), as gray levels, and preprocesses
+    that, with the label of the full decode."""
     from conftest import digit_on_paper
 
     stored = tmp_path / "photo.jpg"
@@ -218,7 +218,7 @@ def test_a_large_jpeg_is_decoded_at_the_scale_the_model_needs(tmp_path):
         reduced = example.prepared(classifier, stored.read_bytes())
         whole = preprocess(decoded_upload(stored))
         labels = [int(classifier.probabilities(pixels)[0].argmax()) for pixels in (reduced, whole)]
-    assert seen == [(900, 1200, 3)]
+    assert seen == [(900, 1200, 1)]  # a digit model's gray levels (UploadClassifier.decode)
     assert labels == [int(SAMPLES[2].stem.split("_")[-1])] * 2
 
 
