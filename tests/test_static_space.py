@@ -241,7 +241,14 @@ def test_the_page_draws_the_python_apps_map_on_samples_uploads_and_drawings(serv
         drawing = tmp_path / "pad.png"
         drawing.write_bytes(base64.b64decode(page.evaluate("document.getElementById('pad').toDataURL()").split(",")[1]))
         shown.append((drawing, *page_map(page)))
+        blank = tmp_path / "blank.png"  # refused (no ink): no map, and another choice draws none
+        Image.new("L", (300, 200), 230).save(blank)
+        page.set_input_files("#file", str(blank))
+        page.wait_for_selector("#status.error")
+        page.select_option("#map-choice", "rollout")
+        refused_hidden = page.locator("#map").is_hidden()
         browser.close()
+    assert refused_hidden
     predictor = TorchPredictor.load(MODEL_DIR)
     for path, values, drawn in shown:
         expected_map, expected_overlay, expected_method = python_page_map(predictor, path)

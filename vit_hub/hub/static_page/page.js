@@ -61,6 +61,7 @@ async function classify(source, width, height) {
     if (hasMap) drawMap();
     show(Array.from(answer.probabilities.data), spent);
   } catch (error) {
+    last = null; // nothing for another map choice to redraw
     $("ranking").replaceChildren();
     $("map").hidden = true;
     say(`Refused: ${refusal(error)}`, true);
