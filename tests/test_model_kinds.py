@@ -6,7 +6,8 @@ and exported through the command line (`vit-hub train`, `vit-hub export --output
   * the export's own checks pass, on its samples and its photographed, canvas and alpha uploads;
   * pipeline.onnx, pipeline_map.onnx and preprocess.onnx give the Python path's answers, maps
     and pixels on what people upload (JPEG photos, odd sizes, alpha, gray, EXIF rotation);
-  * UploadClassifier (a GPU server's route) answers as the Python app;
+  * UploadClassifier (a GPU server's route) answers as the Python app, and with explain=True
+    gives each upload pipeline_explain.onnx's map;
   * `vit-hub space` and `vit-hub space --static` write their Spaces, the static one with the map;
   * the static page in chromium and the Node example with --map give the Python app's labels,
     the map its page opens with (pipeline_explain.onnx's gradients; within the export's 1e-3)
@@ -216,6 +217,12 @@ def test_a_gpu_servers_route_answers_as_the_python_app(kind):
         (got,) = server.classify([decoded_pixels(image)])
         expected = dict(network.predict(image, top_k=network.config.num_classes))
         assert max(abs(score - expected[label]) for label, score in server.top_k(got, len(expected))) < 1e-4
+    # explain=True: each upload's map is pipeline_explain.onnx's for that upload alone
+    pixels = [decoded_pixels(load_image(open_image(path, path.name, UPLOAD_MAX_PIXELS))) for path in uploads]
+    graph = pipeline_session(model / "pipeline_explain.onnx")
+    for upload, answer in zip(pixels, server.classify(pixels, explain=True)):
+        if answer.refusal is None:
+            np.testing.assert_allclose(answer.map, graph.run([PIPELINE_MAP], {PIPELINE_INPUT: upload})[0], atol=1e-6)
 
 
 @pytest.fixture(scope="module")
