@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from markdown_it import MarkdownIt
 from PIL import Image
 
 from conftest import TINY_TRAIN_FLAGS, free_port, tiny_config
+from test_streams import shards  # noqa: F401  (a fixture: parquet and tar shards of generated photos)
 from vit_hub.layout import ExportLayout, ModelDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,12 +164,13 @@ GPU_SERVER = 'python examples/gpu_server.py --model models/vit-mnist --port 8000
 NODE_MAP = ("cd examples/node && node classify.mjs ../../models/vit-mnist "
             "../../vit_hub/bundled/samples/mnist_test_0000_label_7.png --map overlay.png")
 NODE_INSTALL = "ONNXRUNTIME_NODE_INSTALL_CUDA=skip npm ci --no-audit --no-fund"
+HUB_DATA = "vit-hub train --data hf://datasets/OWNER/NAME --out runs/hub                  # fetched into the HF cache"
 NODE_RUN = ("node classify.mjs ../../models/vit-mnist ../../vit_hub/bundled/samples/mnist_test_0000_label_7.png "
             "../../vit_hub/bundled/samples/mnist_test_0001_label_2.png")
 NODE_RUN_MAP = ("node classify.mjs ../../models/vit-mnist ../../vit_hub/bundled/samples/mnist_test_0000_label_7.png "
                 "--map overlay.png")
 RUNNERS = {SETUP, ACTIVATION, QUICK_START, TRAIN, AFTER_TRAIN, BUNDLED, EXPORT, HUB, DDP, TWO_MACHINES, PRETRAINED,
-           NODE, NODE_MAP, GPU_SERVER, NODE_INSTALL, NODE_RUN, NODE_RUN_MAP}
+           NODE, NODE_MAP, GPU_SERVER, NODE_INSTALL, NODE_RUN, NODE_RUN_MAP, HUB_DATA}
 
 
 def test_every_bash_block_has_a_runner():
@@ -405,7 +408,7 @@ WAIT_FOR_APP = ("import sys, time, urllib.request\n"
 
 
 @pytest.mark.slow
-def test_quick_start_from_scratch_and_pretrained_to_the_app(folder, tmp_path):
+def test_quick_start_from_scratch_and_pretrained_to_the_app(folder, shards, tmp_path):  # noqa: F811
     """The README's quick start, each run cut to one epoch: the --init repo is a small random
     timm ViT saved as timm saves it, served with the push target by the local Hub stand-in;
     the app is served on a free port until it answers, then stopped."""
@@ -424,6 +427,8 @@ def test_quick_start_from_scratch_and_pretrained_to_the_app(folder, tmp_path):
     script_file.write_text(WAIT_FOR_APP)
     text = substitute(block(QUICK_START), [
         ("path/to/folder --out runs/scratch", f"{folder} --out runs/scratch {TINY} --epochs 1"),
+        # the dataset's shards from a local folder in the Hub's layout (the Hub id itself: HUB_DATA's test)
+        ("hf://datasets/OWNER/NAME --out runs/hub", f"{shards}/parquet --out runs/hub {TINY} --epochs 1"),
         ("--init timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k",
          "--init timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k --epochs 1 --workers 0"),
         ("path/to/folder", str(folder)), ("path/to/photo.jpg", str(photo)),
@@ -461,6 +466,37 @@ def test_ddp_blocks_with_two_processes_and_two_nodes(folder, tmp_path):
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-2000:] for output in outputs)
     assert (tmp_path / "ddp2" / "model.safetensors").is_file()
+
+
+def hub_cache(parquet: Path, cache: Path, repo_id: str) -> Path:
+    """The Hugging Face cache after fetching `repo_id` at main (its shards in data/) and at the
+    tag v1.0 (the same shards as the config small/), as snapshot_download leaves it."""
+    repo = cache / f"datasets--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    for ref, commit, folder in (("main", "0" * 40, "data"), ("v1.0", "1" * 40, "small")):
+        snapshot = repo / "snapshots" / commit
+        shutil.copytree(parquet / "data", snapshot / folder)
+        (snapshot / "README.md").write_text("---\nlicense: mit\n---\n")
+        (repo / "refs" / ref).write_text(commit)
+    return cache
+
+
+@pytest.mark.slow
+def test_hub_dataset_and_streamed_blocks(shards, tmp_path):  # noqa: F811 (the fixture imported above)
+    """training.md's Hugging Face block: a Hub id and a tagged config from a filled cache with
+    HF_HUB_OFFLINE=1, parquet shards streamed, and tar shards under torchrun (2 processes)."""
+    runs = tmp_path / "runs"
+    text = substitute(block(HUB_DATA), [
+        ("hf://datasets/OWNER/NAME --out runs/hub", f"hf://datasets/someone/shapes --out {runs}/hub {TINY} --epochs 1"),
+        ("hf://datasets/OWNER/NAME@v1.0 --data-config small --out runs/hub-small",
+         f"hf://datasets/someone/shapes@v1.0 --data-config small --out {runs}/hub-small {TINY} --epochs 1"),
+        ("path/to/shards --stream --out runs/streamed",
+         f"{shards}/parquet --stream --out {runs}/streamed {TINY} --epochs 1"),
+        ("path/to/tar-shards --out runs/wds", f"{shards}/tar --out {runs}/wds {TINY} --epochs 1")])
+    cache = hub_cache(shards / "parquet", tmp_path / "cache", "someone/shapes")
+    run_block(text, shell_env(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"), timeout=900)
+    for run in ("hub", "hub-small", "streamed", "wds"):
+        assert (runs / run / "model.safetensors").is_file(), run
 
 
 # The app section's promise: an ONNX export made at start-up does not outlive the app.
