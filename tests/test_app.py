@@ -320,9 +320,12 @@ def test_onnx_backend_exports_on_the_fly_and_gives_the_same_answers(predictor, t
     model_dir.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(MODEL_DIR / name, model_dir / name)
-    made = backends.tempfile.mkdtemp  # the export's own staging folder (dir=...) is made as always
-    monkeypatch.setattr(backends.tempfile, "mkdtemp",
-                        lambda prefix, dir=None: str(export_dir) if dir is None else made(prefix=prefix, dir=dir))
+    made = backends.tempfile.mkdtemp  # every other temporary folder (the export's staging, torch's) as always
+
+    def app_folder_or_made(*args, **kwargs):  # the app's own call: mkdtemp(prefix=...) alone
+        return str(export_dir) if not args and set(kwargs) == {"prefix"} else made(*args, **kwargs)
+
+    monkeypatch.setattr(backends.tempfile, "mkdtemp", app_folder_or_made)
     onnx = backends.load_predictor(model_dir, "onnx")
     assert (export_dir / "model_attentions.onnx").is_file()
     assert onnx.description.startswith("ONNX Runtime")

@@ -175,7 +175,8 @@ def test_a_static_space_says_which_graph_it_bundles():
     parser = parsers()["vit-hub space"]
     (action,) = [action for action in parser._actions if "--static" in action.option_strings]
     text = " ".join(shown_help(parser, action).split())
-    assert "pipeline_map.onnx (the app's rollout map drawn over the image)" in text and "else pipeline.onnx" in text
+    assert "pipeline_explain.onnx (the map the app's page opens with, and rollout, drawn over the image)" in text
+    assert "else pipeline_map.onnx (rollout)" in text and "else pipeline.onnx" in text
 
 
 @pytest.mark.parametrize("prog", ["vit-hub export", "python -m vit_hub.export", "vit-hub push"])
