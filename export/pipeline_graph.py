@@ -64,7 +64,7 @@ def preprocessing_graph(config: ViTConfig, with_model_input: bool = False) -> on
     image, height, width = _checked(g, PIPELINE_INPUT)
     out_height, out_width = config.image_size
     if config.canonicalize == "digit":
-        gray = by_row_blocks(g, image, height, 3, lambda t, rows: _gray(t, t.Cast(rows, to=FLOAT)), FLOAT)
+        gray = _gray_levels(g, image, height)
         plane = g.Unsqueeze(centre_digit(g, gray, tuple(config.image_size)), g.const([0]))
         planes = plane if config.in_channels == 1 else g.Concat(plane, plane, plane, axis=0)  # [C, h, w]
         sized = resample(g, planes, g.const(out_height), g.const(out_width), config.interpolation, eight_bit=True)
@@ -123,6 +123,15 @@ def _colour(g: GraphBuilder, pixels: str) -> str:
                               t.const(128.0)))]
 
     return g.cond(with_alpha, [FLOAT], over_white, lambda t: [t.Identity(colour)])[0]
+
+
+def _gray_levels(g: GraphBuilder, image: str, height: str) -> str:
+    """uint8 [h, w, channels] -> gray levels float32 [h, w]: a gray upload (what the app and
+    UploadClassifier.decode give a digit model) is its own gray levels, cast at once; any other
+    is converted a block of rows at a time (`_gray`)."""
+    count, _ = _channels(g, image)
+    return g.cond(g.Equal(count, g.const(1)), [FLOAT], lambda t: [t.Cast(t.Squeeze(image, t.const([2])), to=FLOAT)],
+                  lambda t: [by_row_blocks(t, image, height, 3, lambda u, rows: _gray(u, u.Cast(rows, to=FLOAT)), FLOAT)])[0]
 
 
 def _gray(g: GraphBuilder, pixels: str) -> str:
