@@ -5,8 +5,9 @@ pieces, dilation, erosion and filled holes. `pipeline_graph` and `canonical_grap
 
 Conventions: `g` is a `GraphBuilder`; an image plane is a 2-D tensor [h, w]; sizes are int64
 scalars; a mask is a bool tensor. Connected pieces are found by letting each inked pixel take
-the largest index among its neighbours until nothing changes (a Loop of MaxPools), so a piece's
-label is the largest flat index in it plus one.
+the largest index among its neighbours (MaxPools) and jump along the chains those indices
+make (Gathers) until nothing changes (a Loop), so a piece's label is the largest flat index
+in it plus one.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import numpy as np
 from .graph_builder import DOUBLE, FLOAT, INT64, GraphBuilder, as_double, dims, grid, positions, vector
 
 PIL_PRECISION_BITS = 22  # Pillow's fixed-point resampling of 8-bit images: 32 - 8 - 2 bits
-PROPAGATION_STEPS = 8  # neighbour steps per loop turn when labelling pieces
+HOOK_STEPS = 2  # neighbour steps per loop turn when labelling pieces
+JUMP_STEPS = 2  # ... and jumps along the labels' chains after them
 ROW_BLOCK = 256  # rows of a large picture converted and resampled at a time (bounds its memory)
 
 
 # Order statistics --------------------------------------------------------------------------
 SELECT_BINS = 4096  # buckets of the first pass when picking one value by its rank
+GRAY_LEVELS = 256  # the values of an 8-bit picture
 
 
 def select(g: GraphBuilder, values: str, rank: str) -> str:
@@ -60,12 +63,33 @@ def select_next(g: GraphBuilder, values: str, rank: str, value: str) -> str:
     return g.Where(g.Greater(not_above, g.Add(rank, g.const(1))), value, larger)
 
 
-def median(g: GraphBuilder, values: str) -> str:
-    """np.median of a 1-D double tensor: the middle value, or the mean of the middle two."""
+def order_pair(g: GraphBuilder, values: str, rank: str, levels: bool = False) -> tuple[str, str]:
+    """(the value at 0-based `rank` of a 1-D double tensor sorted ascending, the one at rank + 1).
+    With `levels`, the values are whole gray levels 0-255 (an 8-bit picture, its shrunk copies,
+    its reduction): both are read off one 256-bin histogram, with no bucket to sort."""
+    if not levels:
+        value = select(g, values, rank)
+        return value, select_next(g, values, rank, value)
+    index = g.Cast(values, to=INT64)
+    ones = g.Expand(g.const(1), g.Shape(index))
+    counts = g.ScatterElements(g.const(np.zeros(GRAY_LEVELS, dtype=np.int64)), index, ones, reduction="add")  # [256]
+    below_or_at = g.CumSum(counts, g.const(0))  # [256] values at or below each level
+    level_of = lambda at: g.Cast(g.ArgMax(g.Cast(g.Greater(below_or_at, at), to=INT64), axis=0, keepdims=0),  # noqa: E731
+                                 to=DOUBLE)  # the first level with more than `at` values at or below it
+    return level_of(rank), level_of(g.Add(rank, g.const(1)))
+
+
+def middle_pair(g: GraphBuilder, values: str, levels: bool = False) -> tuple[str, str]:
+    """`order_pair` at the middle rank, (size - 1) // 2: what both np.median and np.percentile(50) read."""
+    return order_pair(g, values, g.Div(g.Sub(g.Size(values), g.const(1)), g.const(2)), levels)
+
+
+def median(g: GraphBuilder, values: str, levels: bool = False, pair: tuple[str, str] | None = None) -> str:
+    """np.median of a 1-D double tensor: the middle value, or the mean of the middle two
+    (`levels`: whole gray levels, see `order_pair`; `pair`: their `middle_pair`, read already)."""
     count = g.Size(values)
-    lower_rank = g.Div(g.Sub(count, g.const(1)), g.const(2))
-    lower = select(g, values, lower_rank)
-    upper = g.Where(g.Equal(g.Mod(count, g.const(2)), g.const(1)), lower, select_next(g, values, lower_rank, lower))
+    lower, upper = pair or middle_pair(g, values, levels)
+    upper = g.Where(g.Equal(g.Mod(count, g.const(2)), g.const(1)), lower, upper)
     return g.Div(g.Add(lower, upper), g.const(2.0, np.float64))
 
 
@@ -74,14 +98,14 @@ def masked_median(g: GraphBuilder, values: str, mask: str) -> str:
     return median(g, g.Compress(values, mask))
 
 
-def percentile(g: GraphBuilder, values: str, q: float) -> str:
-    """np.percentile(values, q) of a 1-D double tensor, NumPy's linear method to the last bit."""
+def percentile(g: GraphBuilder, values: str, q: float, levels: bool = False, pair: tuple[str, str] | None = None) -> str:
+    """np.percentile(values, q) of a 1-D double tensor, NumPy's linear method to the last bit
+    (`levels`: whole gray levels, see `order_pair`; `pair`: the `middle_pair` read already, q = 50)."""
     last = g.Sub(g.Cast(g.Size(values), to=DOUBLE), g.const(1.0, np.float64))
     virtual = g.Mul(g.const(np.true_divide(q, 100), np.float64), last)
     previous = g.Floor(virtual)
-    rank = g.Cast(previous, to=INT64)
-    low = select(g, values, rank)
-    high = g.Where(g.Less(previous, last), select_next(g, values, rank, low), low)
+    low, high = pair or order_pair(g, values, g.Cast(previous, to=INT64), levels)
+    high = g.Where(g.Less(previous, last), high, low)
     gamma = g.Sub(virtual, previous)
     step = g.Sub(high, low)
     from_low = g.Add(low, g.Mul(step, gamma))
@@ -285,32 +309,34 @@ def _neighbour_max(g: GraphBuilder, values4: str, structure: np.ndarray) -> str:
                  g.MaxPool(values4, kernel_shape=[1, 3], pads=[0, 1, 0, 1]))
 
 
-def spread_max(g: GraphBuilder, values: str, mask: str, structure: np.ndarray) -> str:
-    """Within each connected piece of `mask`, every pixel's float value [h, w] becomes the
-    largest in its piece (0 outside the mask)."""
-    zero = g.const(0.0)
-    start = _image4(g, g.Where(mask, values, zero))
+def label(g: GraphBuilder, mask: str, structure: np.ndarray) -> str:
+    """ndimage.label's pieces as float labels [h, w]: 0 outside the mask, and within each piece
+    its largest flat index + 1 (not numbered 1, 2, ... but one label a piece all the same).
+
+    Each pixel starts with its own index + 1; each turn it takes the largest label among its
+    neighbours (HOOK_STEPS times), then jumps: a label names a pixel of the same piece (the one
+    at label - 1), whose label is at least as large, so each pixel takes that one (JUMP_STEPS
+    times). A jump doubles how far a label has travelled along a chain, so a long stroke takes
+    a few turns, not one per pixel of its length; the turns stop when nothing grows."""
+    height, width = dims(g, mask)
+    index = g.Add(positions(g, g.Mul(height, width), FLOAT), g.const(1.0))  # [h * w]
     mask4 = _image4(g, mask)
-    height, width = dims(g, values)
+    zero = g.const(0.0)
+    start = _image4(g, g.Where(mask, g.Reshape(index, vector(g, height, width)), zero))
 
     def turn(inner: GraphBuilder, state: list[str], _step: str) -> tuple[str, list[str]]:
-        current = state[0]
-        spread = current
-        for _ in range(PROPAGATION_STEPS):
-            spread = inner.Where(mask4, _neighbour_max(inner, spread, structure), zero)
-        changed = inner.Greater(inner.ReduceMax(inner.Sub(spread, current), keepdims=0), zero)
-        return changed, [spread]
+        current = labels = state[0]
+        for _ in range(HOOK_STEPS):
+            labels = inner.Where(mask4, _neighbour_max(inner, labels, structure), zero)
+        flat = inner.Reshape(labels, inner.const([-1]))  # [h * w]
+        for _ in range(JUMP_STEPS):  # slot 0 is the background's label, 0
+            flat = inner.Gather(inner.Concat(inner.const([0.0]), flat, axis=0), inner.Cast(flat, to=INT64))
+        labels = inner.Reshape(flat, inner.Shape(current))
+        changed = inner.Greater(inner.ReduceMax(inner.Sub(labels, current), keepdims=0), zero)
+        return changed, [labels]
 
     (final,) = g.loop(g.Mul(height, width), [(start, FLOAT)], turn)
     return _plane(g, final)
-
-
-def label(g: GraphBuilder, mask: str, structure: np.ndarray) -> str:
-    """ndimage.label's pieces as float labels [h, w]: 0 outside the mask, and within each piece
-    its largest flat index + 1 (not numbered 1, 2, ... but one label a piece all the same)."""
-    height, width = dims(g, mask)
-    index = g.Reshape(g.Add(positions(g, g.Mul(height, width), FLOAT), g.const(1.0)), vector(g, height, width))
-    return spread_max(g, index, mask, structure)
 
 
 def count_pieces(g: GraphBuilder, labels: str) -> str:
@@ -370,5 +396,6 @@ def fill_holes(g: GraphBuilder, mask: str) -> str:
     border = g.Or(g.Or(g.Equal(rows, g.const(0.0)), g.Equal(cols, g.const(0.0))),
                   g.Or(g.Equal(rows, last_row), g.Equal(cols, last_col)))
     background = g.Not(mask)
-    outside = spread_max(g, g.Cast(border, to=FLOAT), background, FOUR)
-    return g.Not(g.And(background, g.Greater(outside, g.const(0.5))))
+    pieces = label(g, background, FOUR)  # of the background
+    reaching = by_label(g, pieces, g.Cast(border, to=DOUBLE), "max")  # [h, w] 1 where a piece reaches the border
+    return g.Not(g.And(background, g.Greater(reaching, g.const(0.5, np.float64))))

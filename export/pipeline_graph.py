@@ -37,7 +37,7 @@ from vit_hub.processing.preprocess import MIN_STD, UPLOAD_MAX_PIXELS, pixel_limi
 
 from .canonical_graph import centre_digit
 from .graph_builder import DOUBLE, FLOAT, UINT8, GraphBuilder
-from .graph_numpy import by_row_blocks, resample, resample_down, resample_pass, resample_window
+from .graph_numpy import by_row_blocks, resample_down, resample_pass, resample_window
 from .session import ORT_ERRORS, QUIET_RUN, quiet_session_options
 
 # Which decoded channels hold the colour, for 1 to 4 channels (the alpha is the last of 2 or 4).
@@ -66,8 +66,8 @@ def preprocessing_graph(config: ViTConfig, with_model_input: bool = False) -> on
     if config.canonicalize == "digit":
         gray = _gray_levels(g, image, height)
         plane = g.Unsqueeze(centre_digit(g, gray, tuple(config.image_size)), g.const([0]))
-        planes = plane if config.in_channels == 1 else g.Concat(plane, plane, plane, axis=0)  # [C, h, w]
-        sized = resample(g, planes, g.const(out_height), g.const(out_width), config.interpolation, eight_bit=True)
+        # [C, H, W]: centre_digit frames the digit at the model's size, so preprocess.resize leaves it as it is
+        sized = plane if config.in_channels == 1 else g.Concat(plane, plane, plane, axis=0)
     else:
         window = resample_window(g, width, g.const(out_width), config.interpolation, eight_bit=True)
 
