@@ -19,7 +19,8 @@ from vit_hub.processing import canonical as c
 
 from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder, as_double, dims, f64, grid, vector
 from .graph_numpy import (EIGHT, FOUR, block_reduce, by_label, ceil_div, count_pieces, dilate, disk, erode, fill_holes,
-                          label, masked_mean_std, masked_median, median, percentile, reduce_mean, resample)
+                          label, masked_mean_std, masked_median, median, middle_pair, percentile, reduce_mean,
+                          resample)
 
 
 def centre_digit(g: GraphBuilder, gray: str, size: tuple[int, int]) -> str:
@@ -48,11 +49,12 @@ def ink_signal(g: GraphBuilder, gray: str) -> tuple[Signal, str]:
     """(the picture with its ink bright, its shrunk copy doubles [h, w]) (canonical.ink_signal)."""
     height, width = dims(g, gray)
     factor = g.Max(g.Div(g.Max(height, width), g.const(c.WORK_SIDE)), g.const(1))
-    middle = median(g, g.Reshape(reduce_mean(g, gray, factor), g.const([-1])))
+    middle = median(g, g.Reshape(reduce_mean(g, gray, factor), g.const([-1])), levels=True)
     shrunk = _shrunk_both_ways(g, gray, c.WORK_SIDE)  # [2, h, w]: inverted, as it is
     shrunk_inverted, shrunk_gray = (g.Gather(shrunk, g.const(index), axis=0) for index in (0, 1))
-    darkest = g.Sub(f64(g, 255.0), percentile(g, g.Reshape(shrunk_inverted, g.const([-1])), c.EXTREME_PERCENTILE))
-    brightest = percentile(g, g.Reshape(shrunk_gray, g.const([-1])), c.EXTREME_PERCENTILE)
+    darkest = g.Sub(f64(g, 255.0), percentile(g, g.Reshape(shrunk_inverted, g.const([-1])), c.EXTREME_PERCENTILE,
+                                                 levels=True))
+    brightest = percentile(g, g.Reshape(shrunk_gray, g.const([-1])), c.EXTREME_PERCENTILE, levels=True)
     dark_ink, light_ink = g.Sub(middle, darkest), g.Sub(brightest, middle)
     dark_ink = g.guard(dark_ink, g.GreaterOrEqual(g.Max(dark_ink, light_ink), f64(g, c.MIN_CONTRAST)), c.BLANK_IMAGE)
     inverting = g.Greater(dark_ink, light_ink)
@@ -105,15 +107,16 @@ class Paper:
     @classmethod
     def of(cls, g: GraphBuilder, signal: str) -> "Paper":
         height, width = dims(g, signal)
-        basis = _quadratic_basis(g, *_unit_grid(g, height, width, (0.0, 0.0), (1.0, 1.0)))  # [n, 6]
+        basis = _quadratic_basis(g, *_unit_grid(g, height, width, (0.0, 0.0), (1.0, 1.0)))  # [6, n]
         values = g.Reshape(signal, g.const([-1]))
-        chosen = g.LessOrEqual(values, median(g, values))
+        chosen = g.LessOrEqual(values, median(g, values, levels=True))  # whole gray levels
         for _ in range(2):  # refit once without the pixels far above the first fit
             surface = _least_squares(g, basis, values, chosen)
             residual = g.Sub(values, _surface_at(g, basis, surface))
             _, spread = masked_mean_std(g, residual, chosen)
-            chosen = g.LessOrEqual(residual, g.Add(percentile(g, residual, 50), g.Mul(f64(g, 2.0), spread)))
-        noise = g.Mul(f64(g, 1.4826), median(g, g.Abs(g.Sub(residual, median(g, residual)))))
+            middle = middle_pair(g, residual)  # what percentile(residual, 50) and median(residual) read
+            chosen = g.LessOrEqual(residual, g.Add(percentile(g, residual, 50, pair=middle), g.Mul(f64(g, 2.0), spread)))
+        noise = g.Mul(f64(g, 1.4826), median(g, g.Abs(g.Sub(residual, median(g, residual, pair=middle)))))
         stands_out = g.Greater(residual, g.Max(f64(g, c.MIN_CONTRAST), g.Mul(f64(g, c.NOISE_MARGIN), noise)))
         found = g.Cast(g.ReduceMax(g.Cast(stands_out, to=INT64), keepdims=0), to=BOOL)
         residual = g.guard(residual, found, c.NO_INK)
@@ -129,28 +132,26 @@ class Paper:
 
 
 def _surface_at(g: GraphBuilder, basis: str, surface: str) -> str:
-    """basis [n, 6] @ surface [6], as six products summed in order (onnxruntime's matrix-vector
-    product in doubles is slow)."""
-    return g.ReduceSum(g.Mul(basis, g.Unsqueeze(surface, g.const([0]))), g.const([1]), keepdims=0)
+    """surface [6] @ basis [6, n], as six products summed in order (onnxruntime's matrix-vector
+    product in doubles is slow), each a row of the basis times one coefficient."""
+    return g.ReduceSum(g.Mul(basis, g.Unsqueeze(surface, g.const([1]))), g.const([0]), keepdims=0)  # [n]
 
 
 def _least_squares(g: GraphBuilder, basis: str, values: str, chosen: str) -> str:
-    """np.linalg.lstsq(basis[chosen], values[chosen]) by the normal equations, solved by
+    """np.linalg.lstsq(basis.T[chosen], values[chosen]) by the normal equations, solved by
     Gauss-Jordan elimination (6 unknowns; a whisker of ridge keeps a degenerate fit finite,
     near the least-norm answer lstsq gives)."""
-    weight = g.Unsqueeze(g.Cast(chosen, to=DOUBLE), g.const([1]))  # [n, 1]
-    weighted = g.Mul(basis, weight)
-    normal = g.MatMul(g.Transpose(weighted), basis)  # [6, 6]
+    weighted = g.Mul(basis, g.Unsqueeze(g.Cast(chosen, to=DOUBLE), g.const([0])))  # [6, n]: 0 where not chosen
+    normal = g.MatMul(weighted, g.Transpose(basis))  # [6, 6]
     ridge = g.Mul(g.ReduceSum(g.Mul(normal, g.const(np.eye(6), np.float64)), keepdims=0), f64(g, 1e-13))
     normal = g.Add(normal, g.Mul(g.const(np.eye(6), np.float64), ridge))
-    right = g.MatMul(g.Transpose(weighted), g.Unsqueeze(values, g.const([1])))  # [6, 1]
+    right = g.MatMul(weighted, g.Unsqueeze(values, g.const([1])))  # [6, 1]
     system = g.Concat(normal, right, axis=1)  # [6, 7]
-    for pivot in range(6):
-        row = g.Gather(system, g.const(pivot), axis=0)  # [7]
-        row = g.Div(row, g.Gather(row, g.const(pivot)))
-        column = g.Unsqueeze(g.Gather(system, g.const(pivot), axis=1), g.const([1]))  # [6, 1]
-        system = g.Sub(system, g.Mul(column, g.Unsqueeze(row, g.const([0]))))
-        system = g.Add(system, g.Mul(g.const(np.eye(6)[:, [pivot]], np.float64), g.Unsqueeze(row, g.const([0]))))
+    for pivot in range(6):  # each row less its multiple of the pivot's row, the pivot's row divided by its pivot
+        row = g.Gather(system, g.const([pivot]), axis=0)  # [1, 7]
+        row = g.Div(row, g.Gather(row, g.const([pivot]), axis=1))
+        column = g.Sub(g.Gather(system, g.const([pivot]), axis=1), g.const(np.eye(6)[:, [pivot]], np.float64))  # [6, 1]
+        system = g.Sub(system, g.Mul(column, row))
     return g.Squeeze(g.Slice(system, g.const([6]), g.const([7]), g.const([1])), g.const([1]))  # [6]
 
 
@@ -197,8 +198,9 @@ def _unit_grid(g: GraphBuilder, height: str, width: str, top_left, extent) -> tu
 
 
 def _quadratic_basis(g: GraphBuilder, y: str, x: str) -> str:
-    columns = [g.Add(g.Mul(x, f64(g, 0.0)), f64(g, 1.0)), x, y, g.Mul(x, x), g.Mul(x, y), g.Mul(y, y)]
-    return g.Concat(*(g.Unsqueeze(column, g.const([1])) for column in columns), axis=1)  # [n, 6]
+    """canonical._quadratic_basis transposed: [6, n], a row per term, as the graph's products read it."""
+    rows = [g.Add(g.Mul(x, f64(g, 0.0)), f64(g, 1.0)), x, y, g.Mul(x, x), g.Mul(x, y), g.Mul(y, y)]
+    return g.Concat(*(g.Unsqueeze(row, g.const([0])) for row in rows), axis=0)  # [6, n]
 
 
 def _extent(g: GraphBuilder, mask: str) -> tuple[str, str, str, str]:
