@@ -12,16 +12,16 @@ augmentation (random-resized crop of 50-100 % of the area, horizontal flip, colo
   * Worker CPU per image: what one DataLoader worker does for one training image, timed with
     the process's CPU clock in one process with one thread: `SeededAugmentation[key]` on images
     not read before (decoded from the file, as in a first epoch or a folder larger than the
-    kept-image budget). At `--reference REV` that is the whole augmentation; in this tree it is
-    the decode, the crop's box and the draws, and the rest runs on the batch: its cost on the
-    CPU device (collate, `augment_batch`, `model_input`, per image of `--batch-size` batches)
-    is the next column, the work a GPU takes over.
-  * Loaders per core: the training loader as the trainer builds it on a CPU-only machine (this
-    tree: the batch augmented in the worker's collate), batches as the step receives them
-    (normalised float32 [B, 3, 224, 224]); one process, one thread, no workers; then with
-    `--workers` workers, img/s divided by the cores. timm's `create_loader` with the same
-    augmentation (colour jitter forced: timm drops it beside RandAugment) and as it builds
-    itself.
+    kept-image budget). At `--reference REV` that is the whole augmentation. In this tree, as
+    a GPU machine's worker: the decode, the crop's box and the draws; the rest runs on the
+    batch, and its cost on the CPU device (collate, `finish`, per image of `--batch-size`
+    batches) is the next column, the work a GPU takes over. Then this tree's worker on a
+    CPU-only machine (`per_image`: the draws applied to the image with PIL in the worker).
+  * Loaders per core: the training loader as the trainer builds it on a CPU-only machine,
+    batches as the step receives them (normalised float32 [B, 3, 224, 224]); one process, one
+    thread, no workers; then with `--workers` workers, img/s divided by the cores. timm's
+    `create_loader` with the same augmentation (colour jitter forced: timm drops it beside
+    RandAugment) and as it builds itself.
 
 Each vit_hub revision runs in its own process (PYTHONPATH at its tree; the reference tree is a
 temporary `git worktree`). Rounds alternate the measurements (the order turns every round) so
@@ -81,29 +81,44 @@ def config():
 
 
 # Measurements, each run in a child process at one tree ---------------------------------------------
-def training_set(folder: Path, keep: bool):
+def training_set(folder: Path, keep: bool, per_image: bool = False):
+    """The training set as the trainer builds it; `per_image` as on a CPU-only machine (this
+    tree only: the reference augments each image in the worker whatever the device)."""
     from vit_hub.data import batches
     from vit_hub.data.augmentation import TrainTransform
     from vit_hub.data.sources import load_splits
 
-    transform = TrainTransform(config(), "photos")
+    transform = TrainTransform(config(), "photos", per_image) if per_image else TrainTransform(config(), "photos")
     train = load_splits(str(folder), val_split=0.0).train
     return batches.SeededAugmentation(train, transform, seed=0, keep_domain=keep), transform
 
 
+def has_batch_augmentation() -> bool:
+    from vit_hub.data import batches
+
+    return hasattr(batches, "CropBatches")
+
+
+def worker_ms(dataset, keys: list[int]) -> tuple[float, list]:
+    """(CPU ms per image of `dataset[key]` over `keys`, what it made), after one untimed image."""
+    dataset[keys[0]]  # imports and caches out of the way
+    started = time.process_time()
+    made = [dataset[key] for key in keys]
+    return (time.process_time() - started) / len(keys) * 1e3, made
+
+
 def worker_cpu(folder: Path, round_index: int, samples: int, batch: int, batches_timed: int) -> dict:
-    """CPU ms per image in a worker, and (this tree only) on the batch."""
+    """CPU ms per image in a worker; in this tree also on the batch, and in a CPU-only
+    machine's worker."""
     import torch
 
     from vit_hub.data import batches
 
     dataset, transform = training_set(folder, keep=False)
     keys = [(round_index * samples + offset) % len(dataset) for offset in range(samples)]
-    dataset[keys[0]]  # imports and caches out of the way
-    started = time.process_time()
-    made = [dataset[key] for key in keys]
-    result = {"worker_ms": (time.process_time() - started) / samples * 1e3}
-    if hasattr(batches, "CropBatches"):
+    result = {}
+    result["worker_ms"], made = worker_ms(dataset, keys)
+    if has_batch_augmentation():
         collate = batches.CropBatches()
         groups = [made[start:start + batch] for start in range(0, len(made) - batch + 1, batch)][:batches_timed]
         transform.finish(*collate(groups[0])[::2])  # untimed first batch
@@ -113,21 +128,23 @@ def worker_cpu(folder: Path, round_index: int, samples: int, batch: int, batches
             images = transform.finish(pixels, draws)
         assert images.dtype == torch.float32 and images.shape[1:] == (3, SIZE, SIZE)
         result["batch_ms"] = (time.process_time() - started) / (batch * len(groups)) * 1e3
+        result["cpu_only_worker_ms"], _ = worker_ms(training_set(folder, keep=False, per_image=True)[0], keys)
     return result
 
 
 def vit_hub_loader(folder: Path, batch: int, workers: int):
-    """The trainer's CPU loader at this tree: batches of float32 images as the step gets them."""
+    """The trainer's loader on a CPU-only machine at this tree: batches of float32 images as
+    the step gets them."""
     from vit_hub.data import batches
 
-    dataset, transform = training_set(folder, keep=True)
+    dataset, transform = training_set(folder, keep=True, per_image=has_batch_augmentation())
     sampler = batches.EpochSampler(len(dataset), 0, batch, drop_last=True)
-    if hasattr(batches, "CropBatches"):  # the batch augmented in the worker, as on a CPU-only machine
+    if has_batch_augmentation():
         loader = batches.make_loader(dataset, batch, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
-                                     sampler=sampler, collate_fn=batches.CropBatches(transform.augment_batch))
-    else:
-        loader = batches.make_loader(dataset, batch, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
-                                     sampler=sampler)
+                                     sampler=sampler, collate_fn=batches.CropBatches())
+        return (transform.finish(pixels, draws) for pixels, _, draws in loader)
+    loader = batches.make_loader(dataset, batch, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
+                                 sampler=sampler)
     return (transform.model_input(pixels, extra) for pixels, _, extra in loader)
 
 
@@ -244,12 +261,16 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace, step: tuple
           f"{'/'.join(f'{value:.2f}' for value in os.getloadavg()[:2])} (1/5 min, at the end)\n")
     print(f"{args.images} JPEGs of 256x256 at {SIZE}x{SIZE}, {args.rounds} rounds, medians (min-max)\n")
     old, new = results["worker:reference"], results["worker:this tree"]
-    ratios = [b["worker_ms"] / a["worker_ms"] for a, b in zip(old, new)]
+    def against_reference(key: str) -> str:
+        return spread([b[key] / a["worker_ms"] for a, b in zip(old, new)])
+
     print("| CPU ms per training image | in a worker | on the batch (CPU device) | worker vs reference |")
     print("|---|---|---|---|")
     print(f"| vit_hub at {args.reference} (reference) | {spread([r['worker_ms'] for r in old])} | (in the worker) | 1 |")
-    print(f"| this tree | {spread([r['worker_ms'] for r in new])} | {spread([r['batch_ms'] for r in new])} | "
-          f"{spread(ratios)} |\n")
+    print(f"| this tree, a GPU machine's worker | {spread([r['worker_ms'] for r in new])} | "
+          f"{spread([r['batch_ms'] for r in new])} | {against_reference('worker_ms')} |")
+    print(f"| this tree, a CPU-only machine's worker (per image, PIL) | {spread([r['cpu_only_worker_ms'] for r in new])} "
+          f"| (in the worker) | {against_reference('cpu_only_worker_ms')} |\n")
     print(f"| loader | img/s per core (1 process, 1 thread) | img/s with {args.workers} workers / {cores} cores "
           "| per core vs the reference |")
     print("|---|---|---|---|")

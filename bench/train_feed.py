@@ -69,21 +69,20 @@ def loader_alone(folder: Path, batch_size: int, workers: int | None, augment: st
     """Images/s of the trainer's training loader, epochs 2 and 3, nothing else running."""
     splits = load_splits(str(folder), val_split=0.0)
     config = ViTConfig.from_preset("small", num_classes=CLASSES)
-    transform = TrainTransform(config, augment)
+    # as the trainer does: the batch augmented on the device, else each image in the workers
+    transform = TrainTransform(config, augment, per_image=device == "cpu")
     dataset = batches.SeededAugmentation(splits.train, transform, seed=0)
     sampler = batches.EpochSampler(len(dataset), 0, batch_size, drop_last=True)
     workers = batches.default_workers(device) if workers is None else workers
-    on_device = device != "cpu"  # as the trainer does: the batch augmented on the device, else in the workers
     loader = batches.make_loader(dataset, batch_size, shuffle=False, seed=0, num_workers=workers,
                                  pin_memory=device == "cuda", sampler=sampler, persistent_workers=True,
-                                 collate_fn=batches.CropBatches(None if on_device else transform.augment_batch))
-    finish = transform.finish if on_device else transform.model_input
+                                 collate_fn=batches.CropBatches())
     rates = []
     for epoch in range(3):
         sampler.set_epoch(epoch)
         started, seen = time.perf_counter(), 0
         for pixels, _, draws in loader:
-            finish(pixels.to(device, non_blocking=True), draws.to(device, non_blocking=True))
+            transform.finish(pixels.to(device, non_blocking=True), draws.to(device, non_blocking=True))
             seen += len(pixels)
         if device == "cuda":
             torch.cuda.synchronize()

@@ -508,18 +508,14 @@ def test_config_and_preprocess_import_without_torch():
     assert result.returncode == 0, result.stderr + result.stdout
 
 
-def augmented_epochs(dataset, sampler, workers: int, epochs=(0, 1), in_workers: bool = False) -> list[torch.Tensor]:
-    """Each epoch's samples as the training step sees them: augmented by the batch in the step
-    (as on a GPU) or, with `in_workers`, in the loader's collate (as on a CPU)."""
-    transform = dataset.transform
-    collate = batches.CropBatches(transform.augment_batch if in_workers else None)
-    finish = transform.model_input if in_workers else transform.finish
+def augmented_epochs(dataset, sampler, workers: int, epochs=(0, 1)) -> list[torch.Tensor]:
+    """Each epoch's samples as the training step sees them: `finish`ed on the batch."""
     loader = make_loader(dataset, 4, shuffle=False, seed=0, num_workers=workers, pin_memory=False,
-                         sampler=sampler, persistent_workers=True, collate_fn=collate)
+                         sampler=sampler, persistent_workers=True, collate_fn=batches.CropBatches())
     per_epoch = []
     for epoch in epochs:
         sampler.set_epoch(epoch)
-        per_epoch.append(torch.cat([finish(pixels, draws) for pixels, _, draws in loader]))
+        per_epoch.append(torch.cat([dataset.transform.finish(pixels, draws) for pixels, _, draws in loader]))
     return per_epoch
 
 
@@ -573,12 +569,14 @@ def test_photos_are_read_from_disk_once_and_kept_within_the_budget(split_image_f
     assert 0 < len(budget.kept) < len(budget) and budget.kept_bytes <= images.kept_bytes // 2
 
 
-def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder):
+@pytest.mark.parametrize("per_image", [False, True], ids=["on the batch", "per image"])
+def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder, per_image):
     """Each sample's augmentation follows from (seed, epoch, index): 0 workers, 2 persistent
-    workers, and the main process's RNG state change nothing."""
+    workers, and the main process's RNG state change nothing, whether the photos are augmented
+    on the batch (a GPU's step) or per image in the workers (a CPU-only machine)."""
     splits = load_splits(str(split_image_folder))
     config = ViTConfig(**tiny_config(image_size=[16, 16]))
-    dataset = batches.SeededAugmentation(splits.train, TrainTransform(config, "photos"), seed=3)
+    dataset = batches.SeededAugmentation(splits.train, TrainTransform(config, "photos", per_image), seed=3)
 
     def sampler():
         return batches.EpochSampler(len(dataset), seed=3, batch_size=4, drop_last=True)
@@ -587,9 +585,8 @@ def test_augmentation_is_the_same_for_any_number_of_workers(split_image_folder):
     in_process = augmented_epochs(dataset, sampler(), workers=0)
     torch.manual_seed(1)
     in_workers = augmented_epochs(dataset, sampler(), workers=2)
-    batch_in_workers = augmented_epochs(dataset, sampler(), workers=2, in_workers=True)
-    for first, second, third in zip(in_process, in_workers, batch_in_workers):
-        assert torch.equal(first, second) and torch.equal(first, third)
+    for first, second in zip(in_process, in_workers):
+        assert torch.equal(first, second)
     assert not torch.equal(in_process[0], in_process[1])  # every epoch a new shuffle and augmentation
 
 
@@ -656,6 +653,23 @@ def numbered_run_loaders(monkeypatch, seed: int = 3, rank: int = 0, world_size: 
     schedule = Schedule(epochs=3, batch_size=8, peak_lr=1e-3, warmup_epochs=0.0, steps_per_epoch=3)
     runtime = Runtime(torch.device("cpu"), rank=rank, world_size=world_size)
     return build_loaders(settings, runtime, identity_config(channels=1), splits, schedule)
+
+
+@pytest.mark.parametrize("device, per_image", [("cpu", True), ("meta", False)])
+def test_photos_are_augmented_per_image_in_the_workers_only_on_a_cpu(monkeypatch, split_image_folder, device,
+                                                                      per_image):
+    """A CPU-only run has no device to hand the batch to: its workers augment each photo with
+    PIL and send it at the model's size. Any other device augments the batch in the step."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    splits = load_splits(str(split_image_folder), val_split=0.0)
+    settings = TrainSettings(data="photos", out="unused", augment="photos", num_workers=0, seed=0)
+    schedule = Schedule(epochs=1, batch_size=4, peak_lr=1e-3, warmup_epochs=0.0, steps_per_epoch=1)
+    loaders = build_loaders(settings, Runtime(torch.device(device)), identity_config(image_size=[12, 12]), splits,
+                            schedule)
+    assert loaders.train_loader.dataset.transform.per_image is per_image
+    pixels, _, draws = next(iter(loaders.epoch(0)))
+    assert (pixels.shape[1:3] == (12, 12)) is per_image  # the folder's photos are 16x16: the crops are 11-16 px
+    assert loaders.model_input(pixels, draws).shape == (len(pixels), 3, 12, 12)
 
 
 def training_order(loaders: RunLoaders, epoch: int) -> list[int]:

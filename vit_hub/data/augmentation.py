@@ -6,7 +6,10 @@ random-resized crop's box cut out (reduced by a whole factor when it is far larg
 model's size) and every random number of the image's augmentation drawn; for digits the PIL
 work of `--augment digits`. It ends in uint8 pixels and a row of draws. `finish` runs on the
 batch, on the device the step runs on: photos are resampled and augmented there
-(`batch_augmentation`), then `ModelInput` normalises and erases.
+(`batch_augmentation.augment_photos`), then `ModelInput` normalises and erases. With
+`per_image` (a CPU-only machine, where the workers' cores are the only ones free) the worker
+applies the photo's draws itself with PIL (`batch_augmentation.augment_photo`), and `finish`
+only normalises and erases.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch
 from PIL import Image, ImageFilter
 from torchvision.transforms import v2
 
-from vit_hub.data.batch_augmentation import ERASE, augment_photos, crop_box, draw_photo_augmentation, unaugmented_draws
+from vit_hub.data.batch_augmentation import (ERASE, augment_photo, augment_photos, crop_box, draw_photo_augmentation,
+                                             unaugmented_draws)
 from vit_hub.data.choices import AUGMENTATIONS
 from vit_hub.errors import DataError
 from vit_hub.model.config import ViTConfig
@@ -69,14 +73,16 @@ class TrainTransform:
     photos: random-resized crop that keeps most of the frame (a small object is not cropped
         away), horizontal flip, colour jitter (another camera, stain or light: brightness,
         contrast, saturation and hue), RandAugment, then random erasing; drawn per image in
-        `prepare`, applied per batch in `finish` (`batch_augmentation`).
+        `prepare`, applied per batch in `finish` (`batch_augmentation`), or with `per_image`
+        in `prepare` itself, with PIL (what a CPU-only machine does fastest).
 
     Calling the transform does both halves, for one image.
     """
 
-    def __init__(self, config: ViTConfig, augment: str):
+    def __init__(self, config: ViTConfig, augment: str, per_image: bool = False):
         self.config = config
         self.augment = resolve_augment(augment, config)
+        self.per_image = per_image
         self.model_input = ModelInput(config)
         self.as_uploads = self.augment == "digits" and config.canonicalize == "digit"
         if self.augment == "digits":
@@ -85,7 +91,8 @@ class TrainTransform:
 
     def prepare(self, image: Image.Image, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A decoded image -> (uint8 pixels [h, w, C], draws [DRAW_SIZE]): for photos the crop
-        the batch resamples, otherwise the model's size. `seed` (default: drawn from torch's
+        the batch resamples (augmented at the model's size with `per_image`), otherwise the
+        model's size. `seed` (default: drawn from torch's
         generator) decides every random choice."""
         return self.augment_image(to_model_domain(image, self.config), seed)
 
@@ -96,7 +103,10 @@ class TrainTransform:
         if self.augment == "photos":
             rng = np.random.default_rng(seed)
             crop = random_crop(image, self.config, rng)
-            return uint8_pixels(crop), draw_photo_augmentation(rng, (crop.height, crop.width), self.config.image_size)
+            draws = draw_photo_augmentation(rng, (crop.height, crop.width), self.config.image_size)
+            if self.per_image:
+                crop = augment_photo(crop, draws, self.config.image_size, self.config.interpolation)
+            return uint8_pixels(crop), draws
         # devices=[]: torchvision's transforms draw from the CPU generator only; forking every
         # CUDA device's generator as well would cost time on every sample
         with torch.random.fork_rng(devices=[]):
@@ -111,8 +121,9 @@ class TrainTransform:
 
     def augment_batch(self, pixels: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
         """`prepare`'s pixels, padded into a batch [B, Hmax, Wmax, C], and draws [B, DRAW_SIZE]
-        -> uint8 [B, C, H, W]: photos resampled and augmented, others as they are."""
-        if self.augment != "photos":
+        -> uint8 [B, C, H, W]: photos resampled and augmented, others (and photos augmented
+        `per_image`) as they are."""
+        if self.augment != "photos" or self.per_image:
             return pixels.permute(0, 3, 1, 2)
         return augment_photos(pixels, draws, self.config.image_size, self.config.interpolation)
 

@@ -1,9 +1,10 @@
-"""Photo augmentation on whole batches, on whatever device the batch is on.
+"""Photo augmentation: every random number drawn per image, the pixels done per batch or per image.
 
-A loader worker does only what each file needs (`augmentation.TrainTransform.prepare`): it
-decodes, cuts the random-resized crop's box out of the image, and draws every random number
-the image's augmentation will use, from the sample's own seed (`PhotoDraws.draw`). The
-per-pixel work then runs here, on the batch, with each image's own draws:
+A loader worker does what each file needs (`augmentation.TrainTransform.prepare`): it decodes,
+cuts the random-resized crop's box out of the image, and draws every random number the image's
+augmentation will use, from the sample's own seed (`draw_photo_augmentation`). Where the step
+runs on a GPU, the per-pixel work then runs there, on the batch, with each image's own draws
+(`augment_photos`):
 
     uint8 crops, channels last and padded [B, Hmax, Wmax, C]  +  draws [B, DRAW_SIZE]
       -> resample to the model's size (the config's filter, as PIL computes it), mirrored
@@ -19,6 +20,11 @@ of parameters per call, and kornia.augmentation's RandAugment samples its own po
 different operation set and magnitude scale) rather than torchvision's. So the draws stay
 torchvision's and RandAugment's operations run as torchvision's own functionals, once for
 each (operation, magnitude) a batch drew, on the images that drew it.
+
+On a CPU-only machine the worker applies the same draws to its image with PIL instead
+(`augment_photo`): PIL's uint8 kernels beat float tensor operations on a CPU core, and there
+is no device for the batch to go to. Both forms draw alike; they differ only in rounding and
+in where colour jitter clips (after each of PIL's steps, once after the batch's one map).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import math
 
 import numpy as np
 import torch
+from PIL import Image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
@@ -134,6 +141,25 @@ def augment_photos(crops: torch.Tensor, draws: torch.Tensor, image_size: tuple[i
     for slot in range(RAND_AUGMENT_OPS):
         images = rand_augment_op(images, draws[:, OPS.start + slot].long(), draws[:, MAGNITUDES.start + slot])
     return images
+
+
+def augment_photo(crop: Image.Image, draws: torch.Tensor, image_size: tuple[int, int], interpolation: str) -> Image.Image:
+    """One crop ("L" or "RGB") through its draws [DRAW_SIZE] with PIL, the per-image form of
+    `augment_photos`: resized to `image_size` with the config's filter, mirrored where drawn,
+    the colour maps in the drawn order (torchvision's ColorJitter on PIL), then RandAugment's
+    operations (torchvision's on PIL). Erasing is left to `ModelInput`, as for the batch."""
+    height, width = image_size
+    image = crop.resize((width, height), Image.Resampling[interpolation.upper()])
+    if draws[FLIP]:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    amounts = draws[JITTER_AMOUNTS].tolist()
+    colour_maps = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)  # torchvision's numbering
+    for operation in draws[JITTER_ORDER].long().tolist():
+        image = colour_maps[operation](image, amounts[operation])
+    for op, magnitude in zip(draws[OPS].long().tolist(), draws[MAGNITUDES].tolist()):
+        if RAND_AUGMENT_NAMES[op] != "Identity":
+            image = apply_op(image, RAND_AUGMENT_NAMES[op], magnitude)
+    return image
 
 
 # Resampling ---------------------------------------------------------------------------------------
@@ -271,13 +297,14 @@ def rand_augment_op(images: torch.Tensor, ops: torch.Tensor, magnitudes: torch.T
         if name == "Identity":
             continue
         chosen = ((ops == int(op)) & (magnitudes == magnitude)).nonzero()[:, 0]
-        images[chosen] = _apply_op(images[chosen], name, magnitude)
+        images[chosen] = apply_op(images[chosen], name, magnitude)
     return images
 
 
-def _apply_op(images: torch.Tensor, name: str, magnitude: float) -> torch.Tensor:
-    """RandAugment's operation `name` at `magnitude` on uint8 [N, C, H, W], as
-    v2.RandAugment applies it (nearest interpolation, black fill)."""
+def apply_op(images: torch.Tensor | Image.Image, name: str, magnitude: float) -> torch.Tensor | Image.Image:
+    """RandAugment's operation `name` at `magnitude` on uint8 [N, C, H, W] or on a PIL image
+    (torchvision's functionals take either), as v2.RandAugment applies it (nearest
+    interpolation, black fill)."""
     nearest = v2.InterpolationMode.NEAREST
     if name in ("ShearX", "ShearY"):
         shear = [math.degrees(math.atan(magnitude)), 0.0]

@@ -112,7 +112,7 @@ class DomainImages(Dataset):
 class SeededAugmentation(Dataset):
     """(PIL image, label) dataset -> (uint8 pixels, label, draws) from
     `TrainTransform.prepare`, keyed by `epoch * n + index`; `CropBatches` puts them in
-    batches and the transform's `finish` (or `augment_batch` then `model_input`) ends them.
+    batches and the transform's `finish` ends them.
 
     Each sample draws its augmentation from its own seed (`sample_seed`, given to
     `TrainTransform.augment_image`), so the images a run sees depend on the seed alone: not
@@ -141,27 +141,19 @@ class SeededAugmentation(Dataset):
 class CropBatches:
     """DataLoader's collate_fn for `SeededAugmentation`: samples -> (uint8 pixels
     [B, Hmax, Wmax, C], each image in its top-left corner and zeros around it; labels [B];
-    draws [B, DRAW_SIZE]). Photo crops differ in size (all others are the model's size, and
-    the batch is their stack). With `augment` (`TrainTransform.augment_batch`) the batch is
-    augmented here, in the worker that made it: on a CPU-only machine the workers' cores do
-    it while the main process trains, as they did the per-image augmentation; on a GPU the
-    step augments on the device instead."""
-
-    def __init__(self, augment: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
-        self.augment = augment
+    draws [B, DRAW_SIZE]). Photo crops differ in size (all others, and photos augmented
+    `per_image`, are the model's size, and the batch is their stack); the transform's
+    `finish` ends the batch on the step's device."""
 
     def __call__(self, samples: list[tuple[torch.Tensor, int, torch.Tensor]]):
         crops, labels, draws = zip(*samples)
         height, width = max(crop.shape[0] for crop in crops), max(crop.shape[1] for crop in crops)
         pixels = torch.zeros(len(crops), height, width, crops[0].shape[2], dtype=torch.uint8)
-        if get_worker_info() is not None and self.augment is None:
-            pixels.share_memory_()  # the batch goes to the main process as it is: build it where it is sent
+        if get_worker_info() is not None:
+            pixels.share_memory_()  # the batch goes to the main process: build it where it is sent
         for batch_index, crop in enumerate(crops):  # one copy per image, as torch.stack makes
             pixels[batch_index, :crop.shape[0], :crop.shape[1]] = crop
-        draws = torch.stack(draws)
-        if self.augment is not None:
-            pixels = self.augment(pixels, draws)
-        return pixels, torch.tensor(labels), draws
+        return pixels, torch.tensor(labels), torch.stack(draws)
 
 
 class EpochSampler(Sampler[int]):

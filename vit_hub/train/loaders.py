@@ -31,10 +31,10 @@ UNREADABLE_CHECK_SECONDS = 1.0  # between reads of the workers' unreadable-file 
 
 @dataclasses.dataclass
 class RunLoaders:
-    """This process's loaders. `model_input` finishes a training batch on the device: the
-    workers send uint8 pixels and each image's draws; on a GPU the photo augmentation runs
-    there too (`TrainTransform.finish`), on a CPU in the workers (`CropBatches`), and the
-    step normalises and erases."""
+    """This process's loaders. `model_input` finishes a training batch on the device
+    (`TrainTransform.finish`): the workers send uint8 pixels and each image's draws; on a GPU
+    the photo augmentation runs there, on the batch; on a CPU the workers apply it to each
+    image with PIL (`per_image`), and the step only normalises and erases."""
 
     train_loader: DataLoader
     sampler: batches.EpochSampler
@@ -60,20 +60,19 @@ def build_loaders(settings: TrainSettings, runtime: Runtime, config: ViTConfig, 
                if settings.num_workers is None else settings.num_workers)
     choose_cpu_threads(runtime, workers)
     options = dict(num_workers=workers, pin_memory=runtime.device.type == "cuda")
-    transform = TrainTransform(config, settings.augment)
+    on_device = runtime.device.type != "cpu"
+    transform = TrainTransform(config, settings.augment, per_image=not on_device)
     train_set = batches.SeededAugmentation(splits.train, transform, settings.seed)
     per_process_batch = schedule.batch_size // runtime.world_size
     sampler = batches.EpochSampler(len(train_set), settings.seed, schedule.batch_size,
                                  drop_last=len(train_set) >= schedule.batch_size,
                                  rank=runtime.rank, world_size=runtime.world_size)
-    on_device = runtime.device.type != "cpu"
-    collate = batches.CropBatches(None if on_device else transform.augment_batch)
     train_loader = batches.make_loader(train_set, per_process_batch, shuffle=False, seed=0, sampler=sampler,
-                                     persistent_workers=True, collate_fn=collate, **options)
+                                     persistent_workers=True, collate_fn=batches.CropBatches(), **options)
     eval_transform = batches.EvalTransform(config)
     eval_sets = {name: batches.Transformed(shard(dataset, runtime), eval_transform)
                  for name in ("val", "test") if (dataset := getattr(splits, name)) is not None}
-    return RunLoaders(train_loader, sampler, transform.finish if on_device else transform.model_input, eval_sets,
+    return RunLoaders(train_loader, sampler, transform.finish, eval_sets,
                       max(MIN_EVAL_BATCH, per_process_batch), options)
 
 
