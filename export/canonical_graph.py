@@ -17,9 +17,9 @@ import numpy as np
 
 from vit_hub.processing import canonical as c
 
-from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder, as_double, dims, f64, grid, vector
+from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder, as_double, dims, f64, grid, positions, vector
 from .graph_numpy import (EIGHT, FOUR, block_reduce, by_label, ceil_div, count_pieces, dilate, disk, erode, fill_holes,
-                          label, masked_mean_std, masked_median, median, middle_pair, percentile, reduce_mean,
+                          label, masked_mean_std, median, middle_pair, percentile, reduce_mean,
                           resample)
 
 
@@ -120,7 +120,7 @@ class Paper:
         stands_out = g.Greater(residual, g.Max(f64(g, c.MIN_CONTRAST), g.Mul(f64(g, c.NOISE_MARGIN), noise)))
         found = g.Cast(g.ReduceMax(g.Cast(stands_out, to=INT64), keepdims=0), to=BOOL)
         residual = g.guard(residual, found, c.NO_INK)
-        return cls(surface, masked_median(g, residual, _upper_class(g, residual, stands_out)))
+        return cls(surface, median(g, _upper_class(g, g.Compress(residual, stands_out))))
 
     def ink(self, g: GraphBuilder, signal: str, top_left: tuple[str, str], extent: tuple[str, str]) -> str:
         """Ink strength doubles [h, w] in [0, 1] of a part of the picture (Paper.ink)."""
@@ -155,11 +155,10 @@ def _least_squares(g: GraphBuilder, basis: str, values: str, chosen: str) -> str
     return g.Squeeze(g.Slice(system, g.const([6]), g.const([7]), g.const([1])), g.const([1]))  # [6]
 
 
-def _upper_class(g: GraphBuilder, values: str, mask: str) -> str:
-    """Which of values[mask] lie above Otsu's split of their 64-bin histogram (canonical._upper_class),
-    as a mask; all of them when their range is too narrow to bin."""
-    low = g.ReduceMin(g.Where(mask, values, f64(g, np.inf)), keepdims=0)
-    high = g.ReduceMax(g.Where(mask, values, f64(g, -np.inf)), keepdims=0)
+def _upper_class(g: GraphBuilder, values: str) -> str:
+    """The values [n] above Otsu's split of their 64-bin histogram (canonical._upper_class); all
+    of them when their range is too narrow to bin."""
+    low, high = g.ReduceMin(values, keepdims=0), g.ReduceMax(values, keepdims=0)
     bins = 64
     edges = g.Add(g.Mul(g.const(np.arange(bins + 1), np.float64), g.Div(g.Sub(high, low), f64(g, bins))), low)
     edges = g.Concat(g.Slice(edges, g.const([0]), g.const([bins])), g.Unsqueeze(high, g.const([0])), axis=0)  # np.linspace
@@ -168,8 +167,8 @@ def _upper_class(g: GraphBuilder, values: str, mask: str) -> str:
     index = g.Sub(index, g.Cast(g.Less(values, g.Gather(edges, index)), to=INT64))  # NumPy's corrections at the edges
     index = g.Add(index, g.Cast(g.And(g.GreaterOrEqual(values, g.Gather(edges, g.Add(index, g.const(1)))),
                                       g.Less(index, g.const(bins - 1))), to=INT64))
-    counts = g.ScatterElements(g.const(np.zeros(bins), np.float64), g.Where(mask, index, g.const(0)),
-                               g.Cast(mask, to=DOUBLE), reduction="add")  # [64]
+    counts = g.ScatterElements(g.const(np.zeros(bins), np.float64), index, g.Expand(f64(g, 1.0), g.Shape(index)),
+                               reduction="add")  # [64]
     centres = g.Div(g.Add(g.Slice(edges, g.const([0]), g.const([bins])), g.Slice(edges, g.const([1]), g.const([bins + 1]))),
                     f64(g, 2.0))
     total = g.ReduceSum(counts, keepdims=0)
@@ -183,7 +182,7 @@ def _upper_class(g: GraphBuilder, values: str, mask: str) -> str:
     best = g.ArgMax(g.Mul(g.Mul(below, above), g.Mul(gap, gap)), axis=0, keepdims=0)
     split = g.Gather(g.Slice(edges, g.const([1]), g.const([bins])), best)
     split = g.Where(g.Less(g.Sub(high, low), f64(g, 1e-6)), f64(g, -np.inf), split)
-    return g.And(mask, g.Greater(values, split))
+    return g.Compress(values, g.Greater(values, split))
 
 
 def _unit_grid(g: GraphBuilder, height: str, width: str, top_left, extent) -> tuple[str, str]:
@@ -205,11 +204,14 @@ def _quadratic_basis(g: GraphBuilder, y: str, x: str) -> str:
 
 def _extent(g: GraphBuilder, mask: str) -> tuple[str, str, str, str]:
     """(first row, last row, first column, last column) of a mask's pixels, as doubles."""
-    height, width = dims(g, mask)
-    rows, cols = grid(g, height, width)
-    first = [g.ReduceMin(g.Where(mask, index, f64(g, np.inf)), keepdims=0) for index in (rows, cols)]
-    last = [g.ReduceMax(g.Where(mask, index, f64(g, -np.inf)), keepdims=0) for index in (rows, cols)]
-    return first[0], last[0], first[1], last[1]
+    inked = g.Cast(mask, to=FLOAT)
+    extent = []
+    for axis, side in enumerate(dims(g, mask)):
+        lines = g.Greater(g.ReduceMax(inked, g.const([1 - axis]), keepdims=0), g.const(0.0))  # [side] rows or columns inked
+        index = positions(g, side)
+        extent += [g.ReduceMin(g.Where(lines, index, f64(g, np.inf)), keepdims=0),
+                   g.ReduceMax(g.Where(lines, index, f64(g, -np.inf)), keepdims=0)]
+    return tuple(extent)
 
 
 def _ink_box(g: GraphBuilder, gray: str, work: str, paper: Paper) -> tuple[str, str, str, str]:
@@ -241,12 +243,13 @@ def _without_frame_marks(g: GraphBuilder, ink: str) -> str:
     """Ink doubles [h, w] without the marks of the picture's frame (canonical._without_frame_marks)."""
     height, width = dims(g, ink)
     inked = g.Greater(ink, f64(g, 0.0))
-    rows, cols = grid(g, height, width)
-    edges = [g.Equal(rows, f64(g, 0.0)), g.Equal(rows, g.Sub(as_double(g, height), f64(g, 1.0))),
-             g.Equal(cols, f64(g, 0.0)), g.Equal(cols, g.Sub(as_double(g, width), f64(g, 1.0)))]  # top, bottom, left, right
-    on_edge = g.And(inked, g.Or(g.Or(edges[0], edges[1]), g.Or(edges[2], edges[3])))
+    ends = g.const([0, -1])
+    on_edge = g.Or(_any(g, g.Gather(inked, ends, axis=0)), _any(g, g.Gather(inked, ends, axis=1)))
 
     def without_marks(t: GraphBuilder) -> list[str]:
+        rows, cols = grid(t, height, width)
+        edges = [t.Equal(rows, f64(t, 0.0)), t.Equal(rows, t.Sub(as_double(t, height), f64(t, 1.0))),
+                 t.Equal(cols, f64(t, 0.0)), t.Equal(cols, t.Sub(as_double(t, width), f64(t, 1.0)))]  # top, bottom, left, right
         labels = label(t, inked, EIGHT)
         frame = t.And(inked, _frame_pieces(t, labels, rows, cols, edges, height, width))
         sizes = by_label(t, labels, t.Cast(inked, to=DOUBLE))
@@ -363,7 +366,8 @@ def _without_outliers(g: GraphBuilder, ink: str) -> str:
     mass = g.ReduceSum(ink, keepdims=0)
     mass = g.guard(mass, g.Greater(mass, f64(g, 0.0)), c.NO_INK)
     keep = None
-    for position in grid(g, height, width):
+    for position in (g.Unsqueeze(positions(g, height), g.const([1])), g.Unsqueeze(positions(g, width), g.const([0]))):
+        # [h, 1] row indices, then [1, w] column indices: np.indices' planes, broadcast
         centre = g.Div(g.ReduceSum(g.Mul(position, ink), keepdims=0), mass)
         offset = g.Sub(position, centre)
         spread = g.Sqrt(g.Div(g.ReduceSum(g.Mul(g.Mul(offset, offset), ink), keepdims=0), mass))

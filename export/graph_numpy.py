@@ -37,9 +37,9 @@ def select(g: GraphBuilder, values: str, rank: str) -> str:
     span = g.Sub(high, low)
     scale = g.Div(g.const(float(SELECT_BINS), np.float64), g.Where(g.Greater(span, g.const(0.0, np.float64)), span,
                                                                      g.const(1.0, np.float64)))
-    bucket_of = g.Clip(g.Cast(g.Floor(g.Mul(g.Sub(values, low), scale)), to=INT64), g.const(0), g.const(SELECT_BINS - 1))
+    bucket_of = g.Clip(g.Cast(g.Mul(g.Sub(values, low), scale), to=INT64), g.const(0), g.const(SELECT_BINS - 1))  # floor: >= 0
     counts = g.ScatterElements(g.const(np.zeros(SELECT_BINS, dtype=np.int64)), bucket_of,
-                               g.Add(g.Mul(bucket_of, g.const(0)), g.const(1)), reduction="add")
+                               g.Expand(g.const(1), g.Shape(bucket_of)), reduction="add")
     below_or_in = g.CumSum(counts, g.const(0))
     bucket = g.ArgMax(g.Cast(g.Greater(below_or_in, rank), to=INT64), axis=0, keepdims=0)  # the first such bucket
     before = g.Sub(g.Gather(below_or_in, bucket), g.Gather(counts, bucket))
@@ -91,11 +91,6 @@ def median(g: GraphBuilder, values: str, levels: bool = False, pair: tuple[str, 
     lower, upper = pair or middle_pair(g, values, levels)
     upper = g.Where(g.Equal(g.Mod(count, g.const(2)), g.const(1)), lower, upper)
     return g.Div(g.Add(lower, upper), g.const(2.0, np.float64))
-
-
-def masked_median(g: GraphBuilder, values: str, mask: str) -> str:
-    """np.median(values[mask]) of a 1-D double tensor."""
-    return median(g, g.Compress(values, mask))
 
 
 def percentile(g: GraphBuilder, values: str, q: float, levels: bool = False, pair: tuple[str, str] | None = None) -> str:
@@ -202,11 +197,14 @@ def _truncate(g: GraphBuilder, value: str) -> str:
     return g.Mul(g.Sign(value), g.Floor(g.Abs(value)))
 
 
-def resample_pass(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool) -> str:
-    """One resampling pass along the last axis: [..., in] (float32 or doubles) -> doubles [..., out]."""
-    index, weights = window
-    windows = g.Cast(g.Gather(pixels, index, axis=-1), to=DOUBLE)  # [..., out, K]
-    total = g.ReduceSum(g.Mul(windows, weights), g.const([-1]), keepdims=0)
+def resample_pass(g: GraphBuilder, pixels: str, window: tuple[str, str], eight_bit: bool, axis: int = -1) -> str:
+    """One resampling pass along the last axis (`axis` -1: [..., in] -> [..., out]) or the one
+    before it (-2: [..., in, w] -> [..., out, w]), of float32 or doubles, as doubles."""
+    index, weights = window  # [out, K]
+    windows = g.Cast(g.Gather(pixels, index, axis=axis), to=DOUBLE)  # [..., out, K] or [..., out, K, w]
+    if axis == -2:
+        weights = g.Unsqueeze(weights, g.const([2]))  # [out, K, 1]
+    total = g.ReduceSum(g.Mul(windows, weights), g.const([axis]), keepdims=0)
     if not eight_bit:  # Pillow keeps "F" images in float32 between passes
         return g.Cast(g.Cast(total, to=FLOAT), to=DOUBLE)
     half = g.const(float(1 << (PIL_PRECISION_BITS - 1)), np.float64)
@@ -226,9 +224,7 @@ def resample(g: GraphBuilder, pixels: str, height: str, width: str, name: str, e
 
 def resample_down(g: GraphBuilder, across: str, old_height: str, height: str, name: str, eight_bit: bool) -> str:
     """The second pass of `resample`, along the height of [channels, h, out width]."""
-    down = resample_pass(g, g.Transpose(across, perm=[0, 2, 1]), resample_window(g, old_height, height, name, eight_bit),
-                         eight_bit)
-    return g.Transpose(down, perm=[0, 2, 1])
+    return resample_pass(g, across, resample_window(g, old_height, height, name, eight_bit), eight_bit, axis=-2)
 
 
 def _last_two(g: GraphBuilder, pixels: str) -> tuple[str, str]:
