@@ -92,8 +92,8 @@ class TrainTransform:
     def prepare(self, image: Image.Image, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A decoded image -> (uint8 pixels [h, w, C], draws [DRAW_SIZE]): for photos the crop
         the batch resamples (augmented at the model's size with `per_image`), otherwise the
-        model's size. `seed` (default: drawn from torch's
-        generator) decides every random choice."""
+        model's size. `seed` (default: drawn from torch's generator) decides every random
+        choice."""
         return self.augment_image(to_model_domain(image, self.config), seed)
 
     def augment_image(self, image: Image.Image, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

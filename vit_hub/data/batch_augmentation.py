@@ -23,8 +23,9 @@ each (operation, magnitude) a batch drew, on the images that drew it.
 
 On a CPU-only machine the worker applies the same draws to its image with PIL instead
 (`augment_photo`): PIL's uint8 kernels beat float tensor operations on a CPU core, and there
-is no device for the batch to go to. Both forms draw alike; they differ only in rounding and
-in where colour jitter clips (after each of PIL's steps, once after the batch's one map).
+is no device for the batch to go to. Both forms draw alike; they differ in rounding, in where
+colour jitter clips (after each of PIL's steps, once after the batch's one map) and in the hue
+turn (PIL's in HSV, ColorJitter's own; the batch's about the grey axis).
 """
 
 from __future__ import annotations
