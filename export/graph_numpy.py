@@ -20,7 +20,7 @@ from .graph_builder import DOUBLE, FLOAT, INT64, GraphBuilder, as_double, dims, 
 
 PIL_PRECISION_BITS = 22  # Pillow's fixed-point resampling of 8-bit images: 32 - 8 - 2 bits
 HOOK_STEPS = 2  # neighbour steps per loop turn when labelling pieces
-JUMP_STEPS = 2  # ... and jumps along the labels' chains after them
+JUMP_STEPS = 1  # ... and jumps along the labels' chains after them
 ROW_BLOCK = 256  # rows of a large picture converted and resampled at a time (bounds its memory)
 
 

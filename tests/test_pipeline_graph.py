@@ -68,6 +68,41 @@ def test_order_statistics_equal_numpys(kind):
             assert run_ops(lambda g, x: gn.percentile(g, x, q), values) == np.percentile(values, q)
 
 
+def test_order_statistics_of_whole_gray_levels_equal_numpys():
+    """levels=True (one 256-bin histogram, no sorting) on 8-bit values, and median and
+    percentile(50) from one shared middle_pair, equal NumPy's."""
+    rng = np.random.default_rng(9)
+    for size in (1, 2, 7, 1000, 5001):
+        for values in (rng.integers(0, 256, size).astype(float), rng.integers(250, 256, size).astype(float),
+                       np.full(size, 255.0), np.zeros(size)):
+            assert run_ops(lambda g, x: gn.median(g, x, levels=True), values) == np.median(values)
+            for q in (0, 0.01, 50, 99.99, 100):
+                assert run_ops(lambda g, x: gn.percentile(g, x, q, levels=True), values) == np.percentile(values, q)
+        values = rng.normal(size=size)
+
+        def shared(g, x):
+            middle = gn.middle_pair(g, x)
+            return gn.median(g, x, pair=middle), gn.percentile(g, x, 50, pair=middle)
+
+        assert run_ops(shared, values) == [np.median(values), np.percentile(values, 50)]
+
+
+def test_pieces_along_a_long_stroke_equal_ndimage_labels():
+    """A 1-pixel serpentine some 2,000 pixels long, its largest index at its middle, and a
+    second piece inside its bends: one label each, as ndimage.label finds them."""
+    mask = np.zeros((64, 64), dtype=bool)
+    mask[::4, 1:63] = True  # rungs, joined at alternating ends
+    for row in range(0, 60, 4):
+        mask[row:row + 5, 62 if row % 8 == 0 else 1] = True
+    mask[2, 10:20] = True  # between two rungs: a piece of its own
+    for structure in (gn.EIGHT, gn.FOUR):
+        labels, count = run_ops(lambda g, m: (lambda found: (found, gn.count_pieces(g, found)))(gn.label(g, m, structure)),
+                                mask)
+        expected, expected_count = ndimage.label(mask, structure=structure)
+        assert count == expected_count == 2
+        assert len(set(zip(expected[mask].tolist(), labels[mask].tolist()))) == 2
+
+
 @pytest.mark.parametrize("name", ["nearest", "box", "bilinear", "hamming", "bicubic", "lanczos"])
 def test_resampling_equals_pillows_for_8_bit_images(name):
     rng = np.random.default_rng(4)
