@@ -29,10 +29,11 @@ SELECT_BINS = 4096  # buckets of the first pass when picking one value by its ra
 GRAY_LEVELS = 256  # the values of an 8-bit picture
 
 
-def select(g: GraphBuilder, values: str, rank: str) -> str:
-    """The value at 0-based position `rank` (int64) of a 1-D double tensor sorted ascending,
-    without sorting it all: count the values into SELECT_BINS buckets of their range, find the
-    bucket that holds the rank, and sort only that bucket (unless its values are all equal)."""
+def select_pair(g: GraphBuilder, values: str, rank: str) -> tuple[str, str]:
+    """The values at 0-based positions `rank` and rank + 1 (int64) of a 1-D double tensor sorted
+    ascending, without sorting it all: count the values into SELECT_BINS buckets of their range,
+    find the buckets that hold the two ranks, and sort only what lies in them (unless their
+    values are all equal). Past the end, the second is the first."""
     low, high = g.ReduceMin(values, keepdims=0), g.ReduceMax(values, keepdims=0)
     span = g.Sub(high, low)
     scale = g.Div(g.const(float(SELECT_BINS), np.float64), g.Where(g.Greater(span, g.const(0.0, np.float64)), span,
@@ -41,26 +42,23 @@ def select(g: GraphBuilder, values: str, rank: str) -> str:
     counts = g.ScatterElements(g.const(np.zeros(SELECT_BINS, dtype=np.int64)), bucket_of,
                                g.Expand(g.const(1), g.Shape(bucket_of)), reduction="add")
     below_or_in = g.CumSum(counts, g.const(0))
-    bucket = g.ArgMax(g.Cast(g.Greater(below_or_in, rank), to=INT64), axis=0, keepdims=0)  # the first such bucket
-    before = g.Sub(g.Gather(below_or_in, bucket), g.Gather(counts, bucket))
-    inside = g.Equal(bucket_of, bucket)
+    bucket_at = lambda at: g.ArgMax(g.Cast(g.Greater(below_or_in, at), to=INT64), axis=0, keepdims=0)  # noqa: E731
+    first = bucket_at(rank)
+    last = g.Max(bucket_at(g.Add(rank, g.const(1))), first)  # none holds a rank past the end: 0
+    before = g.Sub(g.Gather(below_or_in, first), g.Gather(counts, first))
+    inside = g.And(g.GreaterOrEqual(bucket_of, first), g.LessOrEqual(bucket_of, last))
     smallest = g.ReduceMin(g.Where(inside, values, g.const(np.inf, np.float64)), keepdims=0)
     largest = g.ReduceMax(g.Where(inside, values, g.const(-np.inf, np.float64)), keepdims=0)
 
-    def sorted_bucket(t: GraphBuilder) -> list[str]:
+    def sorted_buckets(t: GraphBuilder) -> list[str]:
         members = t.Compress(values, inside)
         ordered = t.TopK(members, t.Shape(members), outputs=2, largest=0, sorted=1)[0]
-        return [t.Gather(ordered, t.Sub(rank, before))]
+        at = t.Min(t.Sub(vector(t, rank, t.Add(rank, t.const(1))), before), t.Sub(t.Size(members), t.const(1)))
+        picked = t.Gather(ordered, at)  # [2]
+        return [t.Gather(picked, t.const(0)), t.Gather(picked, t.const(1))]
 
-    return g.cond(g.Equal(smallest, largest), [DOUBLE], lambda t: [t.Identity(smallest)], sorted_bucket)[0]
-
-
-def select_next(g: GraphBuilder, values: str, rank: str, value: str) -> str:
-    """The value at position rank + 1, given `value` at `rank`: the same value while more of
-    it remain, else the smallest larger one."""
-    not_above = g.ReduceSum(g.Cast(g.LessOrEqual(values, value), to=INT64), keepdims=0)
-    larger = g.ReduceMin(g.Where(g.Greater(values, value), values, g.const(np.inf, np.float64)), keepdims=0)
-    return g.Where(g.Greater(not_above, g.Add(rank, g.const(1))), value, larger)
+    return tuple(g.cond(g.Equal(smallest, largest), [DOUBLE, DOUBLE],
+                        lambda t: [t.Identity(smallest), t.Identity(smallest)], sorted_buckets))
 
 
 def order_pair(g: GraphBuilder, values: str, rank: str, levels: bool = False) -> tuple[str, str]:
@@ -68,8 +66,7 @@ def order_pair(g: GraphBuilder, values: str, rank: str, levels: bool = False) ->
     With `levels`, the values are whole gray levels 0-255 (an 8-bit picture, its shrunk copies,
     its reduction): both are read off one 256-bin histogram, with no bucket to sort."""
     if not levels:
-        value = select(g, values, rank)
-        return value, select_next(g, values, rank, value)
+        return select_pair(g, values, rank)
     index = g.Cast(values, to=INT64)
     ones = g.Expand(g.const(1), g.Shape(index))
     counts = g.ScatterElements(g.const(np.zeros(GRAY_LEVELS, dtype=np.int64)), index, ones, reduction="add")  # [256]
@@ -254,7 +251,12 @@ def by_row_blocks(g: GraphBuilder, image: str, rows: str, rank: int, convert, ki
 def reduce_mean(g: GraphBuilder, plane: str, factor: str) -> str:
     """Image.reduce(factor) of an 8-bit plane float32 [h, w], as doubles: the rounded mean of
     each factor x factor block, the edge blocks over the pixels they have, with Pillow's
-    fixed-point division (a multiplier of 2^24 // count)."""
+    fixed-point division (a multiplier of 2^24 // count); the plane as it is for factor 1."""
+    return g.cond(g.Equal(factor, g.const(1)), [DOUBLE], lambda t: [as_double(t, plane)],
+                  lambda t: [_block_means(t, plane, factor)])[0]
+
+
+def _block_means(g: GraphBuilder, plane: str, factor: str) -> str:
     total = as_double(g, block_reduce(g, plane, factor, "ReduceSum", pad_value=0.0))
     height, width = dims(g, plane)
     rows, cols = (g.Min(g.Sub(side, g.Mul(positions(g, ceil_div(g, side, factor), INT64), factor)), factor)
