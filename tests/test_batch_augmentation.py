@@ -208,18 +208,15 @@ def per_image_and_batched(draws: list[torch.Tensor], crops: list[np.ndarray], pe
 
 def test_per_image_augmentation_with_pil_is_the_batchs_up_to_rounding():
     """A CPU-only machine augments each photo in its worker with PIL (`augment_photo`): the
-    same draws give the batch's images up to rounding and clipping (PIL rounds and clips after
-    every step). The hue turn is left at 0 here: PIL turns hue in HSV (ColorJitter's own), the
-    batch about the grey axis. A mirror, a sign or an operation taken wrongly is far off."""
+    same draws give the batch's images up to rounding (PIL resamples and maps colours in fixed
+    point). A mirror or a colour order taken wrongly is far off."""
     crops = [photos(1, seed, (30 + seed % 7 * 5, 40 - seed % 5 * 3))[0].permute(1, 2, 0).numpy() for seed in range(100)]
     draws = [batched.draw_photo_augmentation(np.random.default_rng([1, index]), crop.shape[:2], SIZE)
              for index, crop in enumerate(crops)]
-    for row in draws:
-        row[JITTER_AMOUNTS.stop - 1] = 0.0
     differences = per_image_and_batched(draws, crops)
-    assert differences.median() <= 1.5 and differences.max() <= 6, differences.sort().values[-5:]
+    assert differences.median() <= 0.25 and differences.max() <= 1.0, differences.sort().values[-5:]
     mirrored = [torch.cat([row[:FLIP], 1 - row[FLIP:FLIP + 1], row[FLIP + 1:]]) for row in draws]
     assert per_image_and_batched(draws, crops, mirrored).median() > 20
     reordered = [torch.cat([row[:JITTER_ORDER.start], row[JITTER_ORDER].flip(0), row[JITTER_ORDER.stop:]])
                  for row in draws]
-    assert per_image_and_batched(draws, crops, reordered).max() > 6
+    assert per_image_and_batched(draws, crops, reordered).max() > 2

@@ -23,9 +23,8 @@ each (operation, magnitude) a batch drew, on the images that drew it.
 
 On a CPU-only machine the worker applies the same draws to its image with PIL instead
 (`augment_photo`): PIL's uint8 kernels beat float tensor operations on a CPU core, and there
-is no device for the batch to go to. Both forms draw alike; they differ in rounding, in where
-colour jitter clips (after each of PIL's steps, once after the batch's one map) and in the hue
-turn (PIL's in HSV, ColorJitter's own; the batch's about the grey axis).
+is no device for the batch to go to. Both forms draw alike and compose the same colour map;
+they differ only in rounding (PIL's resampling and colour matrix work in fixed point).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ import math
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageStat
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
@@ -147,20 +146,28 @@ def augment_photos(crops: torch.Tensor, draws: torch.Tensor, image_size: tuple[i
 def augment_photo(crop: Image.Image, draws: torch.Tensor, image_size: tuple[int, int], interpolation: str) -> Image.Image:
     """One crop ("L" or "RGB") through its draws [DRAW_SIZE] with PIL, the per-image form of
     `augment_photos`: resized to `image_size` with the config's filter, mirrored where drawn,
-    the colour maps in the drawn order (torchvision's ColorJitter on PIL), then RandAugment's
-    operations (torchvision's on PIL). Erasing is left to `ModelInput`, as for the batch."""
+    colour-jittered by the batch's own colour map, then RandAugment's operations
+    (torchvision's on PIL). Erasing is left to `ModelInput`, as for the batch."""
     height, width = image_size
     image = crop.resize((width, height), Image.Resampling[interpolation.upper()])
     if draws[FLIP]:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    amounts = draws[JITTER_AMOUNTS].tolist()
-    colour_maps = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)  # torchvision's numbering
-    for operation in draws[JITTER_ORDER].long().tolist():
-        image = colour_maps[operation](image, amounts[operation])
+    image = _jitter_colours(image, draws)
     for op, magnitude in zip(draws[OPS].long().tolist(), draws[MAGNITUDES].tolist()):
         if RAND_AUGMENT_NAMES[op] != "Identity":
             image = apply_op(image, RAND_AUGMENT_NAMES[op], magnitude)
     return image
+
+
+def _jitter_colours(image: Image.Image, draws: torch.Tensor) -> Image.Image:
+    """The batch's `colour_map` of one image, applied by PIL in one pass: a colour matrix
+    convert for "RGB", a lookup table for "L" (both round and clip to uint8)."""
+    means = torch.tensor(ImageStat.Stat(image).mean)[None]  # [1, C]
+    matrix, offset = colour_map(draws[None, JITTER_ORDER].long(), draws[None, JITTER_AMOUNTS], means)
+    if image.mode == "RGB":
+        return image.convert("RGB", tuple(torch.cat([matrix[0], offset[0, :, None]], dim=1).flatten().tolist()))
+    table = (matrix[0, 0, 0] * torch.arange(256) + offset[0, 0]).round().clamp(0, 255)
+    return image.point(table.to(torch.uint8).tolist())
 
 
 # Resampling ---------------------------------------------------------------------------------------
@@ -237,45 +244,49 @@ def resample(crops: torch.Tensor, sizes: torch.Tensor, flipped: torch.Tensor, im
 
 # Colour jitter --------------------------------------------------------------------------------------
 def colour_jitter(images: torch.Tensor, order: torch.Tensor, amounts: torch.Tensor) -> torch.Tensor:
-    """uint8 [B, C, H, W] -> each image's four colour maps (brightness, contrast, saturation,
-    hue; in its own `order` [B, 4], by its `amounts` [B, 4]) composed into one affine colour
-    map and applied in one pass, clipped once at the end. Contrast blends towards the mean grey
-    the image has at that point, saturation towards each pixel's grey, hue turns colours about
-    the grey axis (red towards green for a positive turn); on a grey image (C = 1) saturation
-    and hue are the identity."""
-    channels = images.shape[1]
-    batch = len(images)
-    grey = torch.tensor(GREY if channels == 3 else (1.0,), device=images.device)
+    """uint8 [B, C, H, W] -> each image's four colour maps (`colour_map`) applied in one pass,
+    clipped once at the end."""
     pixels = images.flatten(2).float()  # [B, C, HW]
-    matrix = torch.eye(channels, device=images.device).expand(batch, channels, channels)
-    offset = torch.zeros(batch, channels, device=images.device)
-    means = pixels.mean(-1)  # [B, C]
-    for position in range(4):
-        operation = order[:, position]
-        step, shift = _colour_steps(amounts, grey, torch.einsum("bij,bj->bi", matrix, means) + offset)
-        chosen = operation[:, None, None, None].expand(batch, 1, channels, channels)
-        step = step.gather(1, chosen)[:, 0]  # [B, C, C]
-        shift = shift.gather(1, operation[:, None, None].expand(batch, 1, channels))[:, 0]  # [B, C]
-        matrix, offset = step @ matrix, torch.einsum("bij,bj->bi", step, offset) + shift
+    matrix, offset = colour_map(order, amounts, pixels.mean(-1))
     mapped = torch.baddbmm(offset[:, :, None], matrix, pixels)  # [B, C, HW]
     return mapped.round_().clamp_(0, 255).to(torch.uint8).view_as(images)
 
 
-def _colour_steps(amounts: torch.Tensor, grey: torch.Tensor, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each of the four maps for every image, as (matrices [B, 4, C, C], shifts [B, 4, C]):
-    colour -> matrix @ colour + shift. `mean` [B, C]: each image's mean colour so far."""
-    batch, channels = mean.shape
-    identity = torch.eye(channels, device=mean.device)
+def colour_map(order: torch.Tensor, amounts: torch.Tensor, means: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image's four colour maps (brightness, contrast, saturation, hue; in its own
+    `order` [B, 4], by its `amounts` [B, 4]) composed into one affine colour map, from its mean
+    colour `means` [B, C]: (matrix [B, C, C], offset [B, C]), colour -> matrix @ colour + offset.
+    Contrast blends towards the mean grey the image has at that point, saturation towards each
+    pixel's grey, hue turns colours about the grey axis (red towards green for a positive
+    turn); on a grey image (C = 1) saturation and hue are the identity."""
+    batch, channels = means.shape
+    grey = torch.tensor(GREY if channels == 3 else (1.0,), device=means.device)
+    steps = _colour_matrices(amounts, grey)  # [B, 4, C, C]
+    pull = 1 - amounts[:, CONTRAST]  # [B]: how far contrast moves each colour towards the mean grey
+    images = torch.arange(batch, device=means.device)
+    matrix = torch.eye(channels, device=means.device).expand(batch, channels, channels)
+    offset = torch.zeros(batch, channels, device=means.device)
+    for operation, contrast in zip(order.T, (order == CONTRAST).T):  # [B] each: every image's map at this position
+        mean_grey = ((torch.bmm(matrix, means[:, :, None])[:, :, 0] + offset) * grey).sum(1)  # [B]: as the maps so far leave it
+        shift = (contrast * pull * mean_grey)[:, None]  # [B, 1]: on every channel, for contrast only
+        step = steps[images, operation]  # [B, C, C]
+        matrix, offset = torch.bmm(step, matrix), torch.bmm(step, offset[:, :, None])[:, :, 0] + shift
+    return matrix, offset
+
+
+def _colour_matrices(amounts: torch.Tensor, grey: torch.Tensor) -> torch.Tensor:
+    """The matrix of each of the four maps for every image, [B, 4, C, C]: brightness and
+    contrast scale (contrast's shift towards the mean grey is added where it is applied),
+    saturation blends towards each pixel's grey, hue turns about the grey axis."""
+    channels = len(grey)
+    identity = torch.eye(channels, device=grey.device)
     factor = amounts[:, :3, None, None]  # [B, 3, 1, 1]
-    to_grey = torch.ones(channels, 1, device=mean.device) * grey[None, :]  # [C, C]: every channel the grey
+    to_grey = torch.ones(channels, 1, device=grey.device) * grey[None, :]  # [C, C]: every channel the grey
     brightness = factor[:, BRIGHTNESS] * identity
     contrast = factor[:, CONTRAST] * identity
     saturation = factor[:, SATURATION] * identity + (1 - factor[:, SATURATION]) * to_grey
-    hue = _hue_turns(2 * math.pi * amounts[:, HUE]) if channels == 3 else identity.expand(batch, 1, 1)
-    matrices = torch.stack([brightness, contrast, saturation, hue], dim=1)
-    shifts = torch.zeros(batch, 4, channels, device=mean.device)
-    shifts[:, CONTRAST] = (1 - amounts[:, CONTRAST, None]) * (mean @ grey)[:, None]
-    return matrices, shifts
+    hue = _hue_turns(2 * math.pi * amounts[:, HUE]) if channels == 3 else identity.expand(len(amounts), 1, 1)
+    return torch.stack([brightness, contrast, saturation, hue], dim=1)
 
 
 def _hue_turns(angles: torch.Tensor) -> torch.Tensor:
