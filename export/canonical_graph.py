@@ -19,8 +19,8 @@ from vit_hub.processing import canonical as c
 
 from .graph_builder import BOOL, DOUBLE, FLOAT, INT64, GraphBuilder, as_double, dims, f64, grid, positions, vector
 from .graph_numpy import (EIGHT, FOUR, block_reduce, by_label, ceil_div, count_pieces, dilate, disk, erode, fill_holes,
-                          label, masked_mean_std, median, middle_pair, percentile, reduce_mean,
-                          resample)
+                          label, masked_mean_std, median, middle_pair, percentile, reduce_mean, resample,
+                          truncate)
 
 
 def centre_digit(g: GraphBuilder, gray: str, size: tuple[int, int]) -> str:
@@ -227,16 +227,11 @@ def _ink_box(g: GraphBuilder, gray: str, work: str, paper: Paper) -> tuple[str, 
     least = g.Max(f64(g, float(c.MIN_INK_SIDE)), g.Mul(f64(g, c.MIN_INK_SHARE), as_double(g, g.Max(height, width))))
     first_row = g.guard(first_row, g.GreaterOrEqual(ink_side, least), c.NEARLY_BLANK)
     margin = g.Mul(f64(g, c.CROP_MARGIN), g.Max(g.Add(g.Sub(last_row, first_row), one), g.Add(g.Sub(last_col, first_col), one)))
-    top = g.Max(_truncate(g, g.Mul(g.Sub(first_row, margin), scale_y)), f64(g, 0.0))
-    left = g.Max(_truncate(g, g.Mul(g.Sub(first_col, margin), scale_x)), f64(g, 0.0))
+    top = g.Max(truncate(g, g.Mul(g.Sub(first_row, margin), scale_y)), f64(g, 0.0))
+    left = g.Max(truncate(g, g.Mul(g.Sub(first_col, margin), scale_x)), f64(g, 0.0))
     bottom = g.Min(g.Ceil(g.Mul(g.Add(g.Add(last_row, one), margin), scale_y)), as_double(g, height))
     right = g.Min(g.Ceil(g.Mul(g.Add(g.Add(last_col, one), margin), scale_x)), as_double(g, width))
     return tuple(g.Cast(value, to=INT64) for value in (top, left, bottom, right))
-
-
-def _truncate(g: GraphBuilder, value: str) -> str:
-    """Python's int() of a double: towards zero."""
-    return g.Mul(g.Sign(value), g.Floor(g.Abs(value)))
 
 
 def _without_frame_marks(g: GraphBuilder, ink: str) -> str:
@@ -349,15 +344,11 @@ def with_stroke_width(g: GraphBuilder, shape: str) -> str:
 
 def _without_specks(g: GraphBuilder, shape: str) -> str:
     """A bool shape without its specks (canonical._without_specks)."""
-    bridged = dilate(g, shape, g.const(_disk(c.SPECK_GAP)), c.SPECK_GAP)
+    bridged = dilate(g, shape, g.const(c._disk(c.SPECK_GAP).astype(np.float32)), c.SPECK_GAP)
     labels = g.Where(shape, label(g, bridged, EIGHT), g.const(0.0))
     areas = by_label(g, labels, g.Cast(shape, to=DOUBLE))
     total = g.ReduceSum(g.Cast(shape, to=DOUBLE), keepdims=0)
     return g.And(shape, g.GreaterOrEqual(areas, g.Mul(f64(g, c.SPECK_SHARE), total)))
-
-
-def _disk(radius: int) -> np.ndarray:
-    return c._disk(radius).astype(np.float32)
 
 
 def _without_outliers(g: GraphBuilder, ink: str) -> str:

@@ -161,8 +161,8 @@ def resample_window(g: GraphBuilder, size_in: str, size_out: str, name: str, eig
     filter_scale = g.Max(scale, g.const(1.0, np.float64))
     centre = g.Unsqueeze(g.Mul(g.Add(positions(g, size_out), g.const(0.5, np.float64)), scale), g.const([1]))  # [out, 1]
     reach = g.Mul(g.const(FILTER_SUPPORT[name], np.float64), filter_scale)
-    first = g.Max(_truncate(g, g.Add(g.Sub(centre, reach), g.const(0.5, np.float64))), g.const(0.0, np.float64))
-    end = g.Min(_truncate(g, g.Add(g.Add(centre, reach), g.const(0.5, np.float64))), as_double(g, size_in))
+    first = g.Max(truncate(g, g.Add(g.Sub(centre, reach), g.const(0.5, np.float64))), g.const(0.0, np.float64))
+    end = g.Min(truncate(g, g.Add(g.Add(centre, reach), g.const(0.5, np.float64))), as_double(g, size_in))
     widest = g.Cast(g.ReduceMax(g.Sub(end, first), keepdims=0), to=INT64)
     inputs = g.Add(first, g.Unsqueeze(positions(g, widest), g.const([0])))  # [out, K]
     weights = _filter(g, name, g.Div(g.Add(g.Sub(inputs, centre), g.const(0.5, np.float64)), filter_scale))
@@ -189,8 +189,8 @@ def _nearest_window(g: GraphBuilder, size_in: str, size_out: str, eight_bit: boo
     return g.Unsqueeze(index, g.const([1])), g.Expand(g.const([[one]], np.float64), vector(g, size_out, g.const(1)))
 
 
-def _truncate(g: GraphBuilder, value: str) -> str:
-    """C's (int) of a double: towards zero."""
+def truncate(g: GraphBuilder, value: str) -> str:
+    """C's (int) and Python's int() of a double: towards zero."""
     return g.Mul(g.Sign(value), g.Floor(g.Abs(value)))
 
 
