@@ -23,7 +23,9 @@ canonicalisation's ink-search plane (`canonical.WORK_SIDE`, 256) at N instead: w
 plane would save and what it would move. Each child also gives its answers, and the Python
 app's (the file read as that revision's app reads it: `open_image` with the model's
 `decode_side` where the revision has one, `preprocess`, model.onnx, softmax): the table says
-how many labels are equal between the revisions and the largest probability difference.
+how many labels are equal between the revisions and the largest probability difference, and
+what this tree's `preprocess` alone (canonical.py's NumPy, SciPy and Pillow for a digit model)
+took per upload on the app's side (process CPU time, one pass, the median over the rounds).
 """
 
 from __future__ import annotations
@@ -100,16 +102,21 @@ def child(tree: str, model: str, paths: list[str], passes: int, work_side: int |
     network = OnnxClassifier(model, providers="cpu", threads=1)
     side = pre.decode_side(network.config) if hasattr(pre, "decode_side") else None
     reduced = {"min_side": side} if side else {}  # the reference revision's open_image may not take it
-    app = []
+    app, python_seconds = [], 0.0
     for path in paths:
         try:
             image = pre.load_image(pre.open_image(path, Path(path).name, pre.UPLOAD_MAX_PIXELS, **reduced))
-            logits = network.run(pre.preprocess(image, network.config)[None])
+            started = time.process_time()
+            try:
+                pixels = pre.preprocess(image, network.config)  # canonical.py's NumPy, SciPy and Pillow
+            finally:
+                python_seconds += time.process_time() - started
+            logits = network.run(pixels[None])
             app.append(softmax(logits, network.config.temperature)[0].tolist())
         except UserError:  # a refusal (no ink)
             app.append(None)
     route = [None if answer.probabilities is None else answer.probabilities.tolist() for answer in answers]
-    return {"cpu_ms": cpu_ms, "route": route, "app": app}
+    return {"cpu_ms": cpu_ms, "route": route, "app": app, "python_ms": python_seconds / len(paths) * 1e3}
 
 
 def run_child(tree: Path, model: Path, paths: list[Path], passes: int, work_side: int | None = None) -> dict:
@@ -154,7 +161,8 @@ def agreement(ours: list, theirs: list) -> tuple[int, float]:
 def measure(args: argparse.Namespace, sets: dict[str, list[Path]]) -> list[str]:
     trees = {"reference": args.reference.resolve(), "this tree": ROOT}
     lines = ["| set | uploads | reference (CPU ms per upload) | this tree | ratio | labels equal (route) | "
-             "max abs dp (route) | labels equal (app) | max abs dp (app) |", "|---|---|---|---|---|---|---|---|---|"]
+             "max abs dp (route) | labels equal (app) | max abs dp (app) | app's preprocess (CPU ms, this tree) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, paths in sets.items():
         rounds: dict[str, list[dict]] = {tree: [] for tree in trees}
         for index in range(args.rounds):
@@ -164,8 +172,9 @@ def measure(args: argparse.Namespace, sets: dict[str, list[Path]]) -> list[str]:
         old, new = (statistics.median(result["cpu_ms"] for result in rounds[tree]) for tree in trees)
         route = agreement(rounds["this tree"][0]["route"], rounds["reference"][0]["route"])
         app = agreement(rounds["this tree"][0]["app"], rounds["reference"][0]["app"])
+        python = statistics.median(result["python_ms"] for result in rounds["this tree"])
         lines.append(f"| {name} | {len(paths)} | {old:.1f} | {new:.1f} | {new / old:.2f} | {route[0]}/{len(paths)} | "
-                     f"{route[1]:.2g} | {app[0]}/{len(paths)} | {app[1]:.2g} |")
+                     f"{route[1]:.2g} | {app[0]}/{len(paths)} | {app[1]:.2g} | {python:.1f} |")
         print(lines[-1], flush=True)
     return lines
 
