@@ -192,8 +192,9 @@ def test_a_photos_result_in_a_padded_batch_equals_its_batch_of_one():
     samples = [transform.prepare(image, seed) for seed, image in enumerate(images)]
     pixels, _, draws = CropBatches()([(crop, 0, row) for crop, row in samples])
     in_batch = transform.finish(pixels, draws)
-    pixels, draws = transform.prepare(images[2], 2)  # alone: a batch of one, nothing padded
-    assert torch.equal(transform.finish(pixels[None], draws[None])[0], in_batch[2])
+    crop, row = transform.prepare(images[2], 2)  # alone: a batch of one, nothing padded
+    pixels, _, draws = CropBatches()([(crop, 0, row)])
+    assert torch.equal(transform.finish(pixels, draws)[0], in_batch[2])
 
 
 def per_image_and_batched(draws: list[torch.Tensor], crops: list[np.ndarray], per_image_draws=None):

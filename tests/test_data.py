@@ -668,7 +668,7 @@ def test_photos_are_augmented_per_image_in_the_workers_only_on_a_cpu(monkeypatch
                             schedule)
     assert loaders.train_loader.dataset.transform.per_image is per_image
     pixels, _, draws = next(iter(loaders.epoch(0)))
-    assert (pixels.shape[1:3] == (12, 12)) is per_image  # the folder's photos are 16x16: the crops are 11-16 px
+    assert (pixels.shape[2:] == (12, 12)) is per_image  # the folder's photos are 16x16: the crops are 11-16 px
     assert loaders.model_input(pixels, draws).shape == (len(pixels), 3, 12, 12)
 
 
@@ -707,7 +707,8 @@ def test_unaugmented_training_input_equals_preprocess_with_per_image_statistics(
         assert pixels.dtype == torch.uint8 and pixels.shape == (16, 24, 3) and draws[ERASE].tolist() == [0, 0, 0, 0]
         expected = torch.from_numpy(preprocess(path, config))
         # each side sums in float32 in its own order; a small std (a flat channel) magnifies that
-        torch.testing.assert_close(transform.finish(pixels[None], draws[None])[0], expected, rtol=1e-5, atol=1e-4)
+        finished = transform.finish(pixels.permute(2, 0, 1)[None], draws[None])[0]
+        torch.testing.assert_close(finished, expected, rtol=1e-5, atol=1e-4)
 
 
 def test_model_input_erases_only_the_boxes_after_normalising():

@@ -120,11 +120,11 @@ class TrainTransform:
         return uint8_pixels(image), unaugmented_draws(*self.config.image_size)
 
     def augment_batch(self, pixels: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-        """`prepare`'s pixels, padded into a batch [B, Hmax, Wmax, C], and draws [B, DRAW_SIZE]
-        -> uint8 [B, C, H, W]: photos resampled and augmented, others (and photos augmented
-        `per_image`) as they are."""
+        """`prepare`'s pixels, padded into a batch [B, C, Hmax, Wmax] (`CropBatches`), and
+        draws [B, DRAW_SIZE] -> uint8 [B, C, H, W]: photos resampled and augmented, others (and
+        photos augmented `per_image`) as they are."""
         if self.augment != "photos" or self.per_image:
-            return pixels.permute(0, 3, 1, 2)
+            return pixels
         return augment_photos(pixels, draws, self.config.image_size, self.config.interpolation)
 
     def finish(self, pixels: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
@@ -133,7 +133,7 @@ class TrainTransform:
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
         pixels, draws = self.prepare(image)
-        return self.finish(pixels[None], draws[None])[0]
+        return self.finish(pixels.permute(2, 0, 1)[None], draws[None])[0]  # a batch of one, as CropBatches lays it out
 
 
 def upload_variations(digit: Image.Image) -> Image.Image:
@@ -170,8 +170,8 @@ def with_pen_gap(digit: Image.Image) -> Image.Image:
 
 
 def uint8_pixels(image: Image.Image) -> torch.Tensor:
-    """An "L" or "RGB" image -> uint8 tensor [H, W, C], channels last as decoded (the batch
-    puts channels first on the device)."""
+    """An "L" or "RGB" image -> uint8 tensor [H, W, C], channels last as decoded (the
+    batch's collate puts channels first as it copies each image in)."""
     pixels = np.array(image)
     return torch.from_numpy(pixels[..., None] if pixels.ndim == 2 else pixels)
 

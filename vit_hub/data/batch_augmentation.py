@@ -6,7 +6,7 @@ augmentation will use, from the sample's own seed (`draw_photo_augmentation`). W
 runs on a GPU, the per-pixel work then runs there, on the batch, with each image's own draws
 (`augment_photos`):
 
-    uint8 crops, channels last and padded [B, Hmax, Wmax, C]  +  draws [B, DRAW_SIZE]
+    uint8 crops, padded [B, C, Hmax, Wmax]  +  draws [B, DRAW_SIZE]
       -> resample to the model's size (the config's filter, as PIL computes it), mirrored
          where the draw says -> colour jitter -> RandAugment (2 ops, magnitude 9)
       -> uint8 [B, C, H, W]; `augmentation.ModelInput` then normalises and erases
@@ -134,7 +134,7 @@ def _magnitude(op: int, height: int, width: int) -> tuple[float, bool]:
 
 def augment_photos(crops: torch.Tensor, draws: torch.Tensor, image_size: tuple[int, int],
                    interpolation: str) -> torch.Tensor:
-    """uint8 crops [B, Hmax, Wmax, C] (each in its top left corner, sized by its draws) ->
+    """uint8 crops [B, C, Hmax, Wmax] (each in its top left corner, sized by its draws) ->
     augmented uint8 images [B, C, H, W] at `image_size`."""
     images = resample(crops, draws[:, CROP].long(), draws[:, FLIP].bool(), image_size, interpolation)
     images = colour_jitter(images, draws[:, JITTER_ORDER].long(), draws[:, JITTER_AMOUNTS])
@@ -224,15 +224,15 @@ def resample_weights(sizes: torch.Tensor, out: int, padded: int, interpolation: 
 
 def resample(crops: torch.Tensor, sizes: torch.Tensor, flipped: torch.Tensor, image_size: tuple[int, int],
              interpolation: str) -> torch.Tensor:
-    """uint8 crops [B, Hmax, Wmax, C] whose pixels fill their top-left [B, 2] sizes (height,
+    """uint8 crops [B, C, Hmax, Wmax] whose pixels fill their top-left [B, 2] sizes (height,
     width) -> uint8 [B, C, H, W], each crop resized on its own and mirrored left to right
     where `flipped` [B]: two batched matrix products (along the width, then the height),
     rounded to uint8 after each as PIL does. Mirroring is the width weights' rows reversed."""
-    batch, padded_height, padded_width, channels = crops.shape
+    batch, channels, padded_height, padded_width = crops.shape
     height, width = image_size
     # [B, Hmax, C, Wmax] in float, one pass: then each product is one plain batched matmul
     pixels = torch.empty(batch, padded_height, channels, padded_width, device=crops.device)
-    pixels.copy_(crops.permute(0, 1, 3, 2))
+    pixels.copy_(crops.permute(0, 2, 1, 3))
     across = resample_weights(sizes[:, 1], width, padded_width, interpolation)  # [B, W, Wmax]
     across = torch.where(flipped[:, None, None], across.flip(1), across)
     rows = torch.bmm(pixels.view(batch, padded_height * channels, padded_width), across.transpose(1, 2).contiguous())

@@ -140,19 +140,20 @@ class SeededAugmentation(Dataset):
 
 class CropBatches:
     """DataLoader's collate_fn for `SeededAugmentation`: samples -> (uint8 pixels
-    [B, Hmax, Wmax, C], each image in its top-left corner and zeros around it; labels [B];
+    [B, C, Hmax, Wmax], each image in its top-left corner and zeros around it; labels [B];
     draws [B, DRAW_SIZE]). Photo crops differ in size (all others, and photos augmented
     `per_image`, are the model's size, and the batch is their stack); the transform's
-    `finish` ends the batch on the step's device."""
+    `finish` ends the batch on the step's device. Channels go first here, in the worker, as
+    each image is copied in: the step's process then normalises contiguous memory."""
 
     def __call__(self, samples: list[tuple[torch.Tensor, int, torch.Tensor]]):
         crops, labels, draws = zip(*samples)
         height, width = max(crop.shape[0] for crop in crops), max(crop.shape[1] for crop in crops)
-        pixels = torch.zeros(len(crops), height, width, crops[0].shape[2], dtype=torch.uint8)
+        pixels = torch.zeros(len(crops), crops[0].shape[2], height, width, dtype=torch.uint8)
         if get_worker_info() is not None:
             pixels.share_memory_()  # the batch goes to the main process: build it where it is sent
         for batch_index, crop in enumerate(crops):  # one copy per image, as torch.stack makes
-            pixels[batch_index, :crop.shape[0], :crop.shape[1]] = crop
+            pixels[batch_index, :, :crop.shape[0], :crop.shape[1]] = crop.permute(2, 0, 1)
         return pixels, torch.tensor(labels), torch.stack(draws)
 
 
